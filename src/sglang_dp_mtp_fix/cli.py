@@ -1,0 +1,118 @@
+"""Command line: ``sglang-dp-mtp-fix doctor [--json]``.
+
+``doctor`` runs the plugin's own checks without a GPU and without starting SGLang (it imports the target modules,
+changes nothing) and reports what ``load_plugins()`` would do in this environment.
+Exit codes: 0 fixed or not affected; 1 an affected install would not be patched; 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib.metadata import entry_points
+from typing import Any
+
+from sglang_dp_mtp_fix._version import __version__
+from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, load_config
+
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+ENTRY_POINT_NAME = "dp_mtp_fix"
+
+
+def entry_point_selected(environ: dict[str, str] | None = None) -> tuple[bool, str]:
+    """Would SGLang's ``load_plugins()`` run our entry point? (Same whitelist rule as SGLang.)"""
+    env = os.environ if environ is None else environ
+    installed = any(ep.name == ENTRY_POINT_NAME for ep in entry_points(group=ENTRY_POINT_GROUP))
+    if not installed:
+        return False, f"entry point {ENTRY_POINT_NAME!r} is not installed in group {ENTRY_POINT_GROUP}"
+    allowed = env.get("SGLANG_PLUGINS", "")
+    names = {x.strip() for x in allowed.split(",") if x.strip()}
+    if not names:
+        return True, "SGLANG_PLUGINS is unset or empty: SGLang loads every installed plugin"
+    if ENTRY_POINT_NAME in names:
+        return True, f"SGLANG_PLUGINS selects {ENTRY_POINT_NAME}"
+    return False, f"SGLANG_PLUGINS={allowed!r} does not include {ENTRY_POINT_NAME}"
+
+
+def doctor_report() -> tuple[dict[str, Any], int]:
+    from sglang_dp_mtp_fix import report
+    from sglang_dp_mtp_fix.core import PatchManager, Status
+    from sglang_dp_mtp_fix.patches import all_patches
+
+    manager = PatchManager(all_patches())
+    config = load_config(manager.ids)
+    outcomes, _ = manager.plan(config)  # checks only: nothing is changed
+    selected, why = entry_point_selected()
+    data: dict[str, Any] = {
+        "sglang_version": report.sglang_version(),
+        "plugin_version": __version__,
+        "mode": config.mode.value,
+        "skip": sorted(config.skip),
+        "config_error": config.error,
+        "entry_point_selected": selected,
+        "entry_point_reason": why,
+        "patches": [o.as_dict() for o in outcomes],
+    }
+    if config.error:
+        return data, 2
+    statuses = {o.status for o in outcomes}
+    fixed_or_clean = statuses <= {Status.APPLIED, Status.SUPERSEDED, Status.NOT_AFFECTED}
+    would_patch = Status.APPLIED in statuses
+    code = 0 if fixed_or_clean and (selected or not would_patch) else 1
+    data["verdict"] = _verdict(code, statuses, selected)
+    return data, code
+
+
+def _verdict(code: int, statuses: set[Any], selected: bool) -> str:
+    from sglang_dp_mtp_fix.core import Status
+
+    if code == 0 and Status.APPLIED in statuses:
+        return "affected release; the fix will be applied when SGLang loads plugins"
+    if code == 0:
+        return "nothing to do: this SGLang is not affected or already contains the fix"
+    if Status.APPLIED in statuses and not selected:
+        return "affected release, but SGLang will not load this plugin (see entry_point_reason)"
+    return "affected release, but the fix would NOT be applied (see the patch reasons)"
+
+
+def _print_text(data: dict[str, Any]) -> None:
+    print(f"sglang-dp-mtp-fix {data['plugin_version']} doctor")
+    print(f"  SGLang:       {data['sglang_version']}")
+    print(f"  mode:         {data['mode']} ({MODE_ENV})   skip: {', '.join(data['skip']) or '-'} ({SKIP_ENV})")
+    if data["config_error"]:
+        print(f"  CONFIG ERROR: {data['config_error']}")
+    print(f"  entry point:  {'selected' if data['entry_point_selected'] else 'NOT selected'} - {data['entry_point_reason']}")
+    width = max(len(p["id"]) for p in data["patches"])
+    for p in data["patches"]:
+        print(f"  {p['id']:<{width}}  {p['status']:<13} {p['reason']}")
+    if "verdict" in data:
+        print(f"  verdict:      {data['verdict']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sglang-dp-mtp-fix", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command")
+    doc = sub.add_parser("doctor", help="report what the plugin would do here (no GPU, SGLang not started)")
+    doc.add_argument("--json", action="store_true", help="machine-readable output")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if args.command == "doctor":
+        data, code = doctor_report()
+        if args.json:
+            print(json.dumps(data, indent=2))
+        else:
+            _print_text(data)
+        return code
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

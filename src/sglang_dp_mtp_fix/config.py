@@ -1,0 +1,101 @@
+"""Configuration, read once per process at plugin load (never on a hot path).
+
+``SGLANG_DP_MTP_FIX``       auto (default) | off (kill switch; SGLang's false spellings accepted) | strict
+``SGLANG_DP_MTP_FIX_SKIP``  comma-separated patch ids to leave out (unknown ids are an error)
+
+A bad value is never guessed at: it raises :class:`ConfigError` naming the variable and the accepted values, and the
+plugin leaves SGLang stock (``auto``) or stops the process (``strict``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+MODE_ENV = "SGLANG_DP_MTP_FIX"
+SKIP_ENV = "SGLANG_DP_MTP_FIX_SKIP"
+
+# SGLang's own boolean parsing (sglang.srt.utils.get_bool_env_var / envs) treats these as false.
+_FALSE_SPELLINGS = frozenset({"off", "0", "false", "no", "n", "f", "disable", "disabled"})
+_MAX_VALUE_LEN = 4096
+
+
+class Mode(str, enum.Enum):
+    AUTO = "auto"
+    OFF = "off"
+    STRICT = "strict"
+
+
+class ConfigError(ValueError):
+    """A configuration value the plugin refuses to interpret."""
+
+
+@dataclass(frozen=True)
+class Config:
+    mode: Mode = Mode.AUTO
+    skip: frozenset[str] = frozenset()
+    # Set when the config could not be parsed: the plugin then stays stock (auto) or stops (strict).
+    error: str | None = None
+
+    @property
+    def strict(self) -> bool:
+        return self.mode is Mode.STRICT
+
+
+def _clean(name: str, raw: str) -> str:
+    if len(raw) > _MAX_VALUE_LEN:
+        raise ConfigError(f"{name} is {len(raw)} characters long (limit {_MAX_VALUE_LEN}); refusing to parse it")
+    if not raw.isascii() or not raw.isprintable():
+        raise ConfigError(f"{name}={raw!r} contains non-ASCII or control characters")
+    return raw.strip()
+
+
+def parse_mode(raw: str | None) -> Mode:
+    if raw is None:
+        return Mode.AUTO
+    value = _clean(MODE_ENV, raw).lower()
+    if value == "":
+        return Mode.AUTO  # set-but-empty (common in templated manifests) means "not set"
+    if value in _FALSE_SPELLINGS:
+        return Mode.OFF
+    if value in (Mode.AUTO.value, Mode.STRICT.value):
+        return Mode(value)
+    raise ConfigError(
+        f"{MODE_ENV}={raw!r} is not understood; accepted values: auto (default), strict, "
+        f"off (or {', '.join(sorted(_FALSE_SPELLINGS - {'off'}))})"
+    )
+
+
+def parse_skip(raw: str | None, known_ids: Iterable[str]) -> frozenset[str]:
+    if raw is None:
+        return frozenset()
+    value = _clean(SKIP_ENV, raw)
+    known = sorted(known_ids)
+    ids = [part.strip() for part in value.split(",")]
+    ids = [i for i in ids if i]
+    unknown = sorted({i for i in ids if i not in known})
+    if unknown:
+        raise ConfigError(
+            f"{SKIP_ENV} names unknown patch id(s) {', '.join(unknown)}; known ids: {', '.join(known)}"
+        )
+    return frozenset(ids)
+
+
+def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = None) -> Config:
+    """Parse the environment. Never raises: a bad value yields ``Config(error=...)``.
+
+    If the mode itself is unparseable the mode is reported as ``auto`` with ``error`` set; the caller stays stock.
+    A strict mode with a bad skip list still stops the process (the caller checks ``strict`` and ``error``).
+    """
+    env = os.environ if environ is None else environ
+    try:
+        mode = parse_mode(env.get(MODE_ENV))
+    except ConfigError as exc:
+        return Config(mode=Mode.AUTO, error=str(exc))
+    try:
+        skip = parse_skip(env.get(SKIP_ENV), known_ids)
+    except ConfigError as exc:
+        return Config(mode=mode, error=str(exc))
+    return Config(mode=mode, skip=skip)

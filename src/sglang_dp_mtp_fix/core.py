@@ -1,0 +1,417 @@
+"""The patching core: it knows no patch.
+
+Lifecycle (modelled on OpenTelemetry's ``BaseInstrumentor``): every patch declares its targets; a run first
+classifies each patch (disabled / superseded / not-affected), then checks *every* target of every patch it would
+apply (import, feature detection, source fingerprint), and only if all checks pass applies all of them in one
+transaction, verifies the live attributes (including ``from X import Y`` copies in other SGLang modules), and
+rolls everything back by identity if anything goes wrong. ``restore()`` puts every original back.
+
+Patches that depend on each other (``requires``) form a group that applies together or not at all; a problem in
+any patch leaves SGLang fully stock (non-negotiable: a DP group must never end up half-patched).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import inspect
+import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_dp_mtp_fix import fingerprint as fp
+from sglang_dp_mtp_fix.config import Config, Mode
+
+# Releases the patches were written against: a target fingerprint must have been seen in one of these.
+AFFECTED_RELEASES = ("0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20")
+MARKER = "__sglang_dp_mtp_fix_patch__"
+
+
+class Status(str, enum.Enum):
+    APPLIED = "applied"
+    SUPERSEDED = "superseded"
+    NOT_AFFECTED = "not-affected"
+    DISABLED = "disabled"
+    UNSUPPORTED = "unsupported"
+
+
+class Kind(str, enum.Enum):
+    WRAP = "wrap"  # replace a function/method/classmethod by a wrapper built from the original
+    CHECK = "check"  # code the patch relies on but does not change: fingerprint only
+    ADD = "add"  # a new attribute on a class; it must not exist yet
+
+
+@dataclass(frozen=True)
+class Target:
+    module: str
+    qualname: str  # "func", "Class.method" or, for ADD, the class ("Class")
+    kind: Kind = Kind.WRAP
+    attr: str | None = None  # ADD: the new attribute's name
+    required: bool = True  # False: the target exists only in some releases (absence is fine, drift is not)
+    fingerprinted: bool = True
+
+    @property
+    def name(self) -> str:
+        suffix = f".{self.attr}" if self.kind is Kind.ADD else ""
+        return f"{self.module}:{self.qualname}{suffix}"
+
+
+class TargetProblem(Exception):
+    """A target is not the code the patch was written for."""
+
+
+class Verdict(Exception):
+    """Raised by ``Patch.classify`` to stand a patch down with a status other than ``unsupported``."""
+
+    def __init__(self, status: Status, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass
+class Resolved:
+    target: Target
+    owner: Any  # module or class holding the attribute
+    attr: str
+    raw: Any  # owner.__dict__[attr] (or None for ADD / inherited)
+    own: bool  # attr defined in owner's own __dict__
+
+
+class Patch:
+    """Base class of a patch. Subclasses set the class attributes and implement ``replacements``."""
+
+    id: str = ""
+    summary: str = ""
+    requires: tuple[str, ...] = ()
+    targets: tuple[Target, ...] = ()
+
+    def classify(self) -> None:
+        """Raise ``Verdict`` when the installed SGLang already has the fix or is not affected."""
+
+    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+        """New values for WRAP and ADD targets. Keep originals in closures, never in module globals."""
+        raise NotImplementedError
+
+
+@dataclass
+class Outcome:
+    id: str
+    status: Status
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"id": self.id, "status": self.status.value, "reason": self.reason}
+
+
+@dataclass
+class _Change:
+    owner: Any
+    attr: str
+    own: bool
+    original: Any
+    new: Any
+    rebinds: list[tuple[Any, str]] = field(default_factory=list)  # (module, name) copies we re-pointed
+
+
+def _import_owner(target: Target) -> tuple[Any, str]:
+    try:
+        obj: Any = importlib.import_module(target.module)
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not the code we know"
+        raise TargetProblem(f"{target.module} cannot be imported ({type(exc).__name__}: {exc})") from exc
+    parts = target.qualname.split(".")
+    if target.kind is Kind.ADD:
+        parts = [*parts, target.attr or ""]
+    for part in parts[:-1]:
+        if not hasattr(obj, part):
+            raise TargetProblem(f"{target.name} is missing ({part!r} not found)")
+        obj = getattr(obj, part)
+    return obj, parts[-1]
+
+
+def resolve(target: Target) -> Resolved | None:
+    """Resolve and check one target. Returns None for an absent optional target; raises TargetProblem."""
+    owner, attr = _import_owner(target)
+    own = attr in getattr(owner, "__dict__", {})
+    if target.kind is Kind.ADD:
+        if not inspect.isclass(owner):
+            raise TargetProblem(f"{target.name}: {target.qualname} is not a class")
+        if hasattr(owner, attr):
+            raise TargetProblem(f"{target.name} already exists (added by SGLang or another plugin)")
+        return Resolved(target, owner, attr, None, False)
+    if not hasattr(owner, attr):
+        if not target.required:
+            return None
+        raise TargetProblem(f"{target.name} is missing")
+    raw = owner.__dict__[attr] if own else inspect.getattr_static(owner, attr)
+    live = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+    if not callable(live):
+        raise TargetProblem(f"{target.name} is not callable")
+    if target.kind is Kind.WRAP:
+        if getattr(live, MARKER, None) is not None:
+            pass  # ours: re-application is handled by the manager (idempotence)
+        elif _foreign_hook(live):
+            raise TargetProblem(f"{target.name} is already wrapped by another hook ({_describe(live)})")
+    if target.fingerprinted:
+        _check_fingerprint(target, raw)
+    return Resolved(target, owner, attr, raw, own)
+
+
+def _foreign_hook(live: Any) -> bool:
+    """True when the live callable's code is not SGLang's own (another plugin or SGLang's HookRegistry wrapper).
+
+    Stock decorators (e.g. ``scheduler_nvtx_method``) also set ``__wrapped__``; their code lives inside SGLang.
+    """
+    code = getattr(live, "__code__", None)
+    if code is None:
+        return True  # a proxy object (wrapt, functools.partial, ...) sits where a function should
+    sglang_root = sys.modules["sglang"].__file__ or ""
+    root = sglang_root.rsplit("/", 1)[0] + "/"
+    filename = code.co_filename
+    return not filename.startswith(root) or filename.endswith("plugins/hook_registry.py")
+
+
+def _describe(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+def _check_fingerprint(target: Target, raw: Any) -> None:
+    live = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+    live = getattr(live, "__sglang_dp_mtp_fix_original__", live)
+    try:
+        got = fp.fingerprint_object(live)
+    except (OSError, TypeError, SyntaxError) as exc:
+        raise TargetProblem(f"{target.name}: source unavailable for fingerprinting ({exc})") from exc
+    seen_in = fp.releases_with(target.name, got)
+    if not any(r in AFFECTED_RELEASES for r in seen_in):
+        known = sorted(fp.known_fingerprints().get("targets", {}).get(target.name, {}))
+        where = f"seen in {', '.join(seen_in)}" if seen_in else "unknown"
+        raise TargetProblem(
+            f"{target.name} source drifted: fingerprint {got} ({where}) is not one of the {len(known)} "
+            f"known for {AFFECTED_RELEASES[0]}..{AFFECTED_RELEASES[-1]}"
+        )
+
+
+def groups(patches: Sequence[Patch]) -> list[list[Patch]]:
+    """Connected components of the ``requires`` relation (order preserved)."""
+    by_id = {p.id: p for p in patches}
+    parent = {p.id: p.id for p in patches}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for p in patches:
+        for dep in p.requires:
+            if dep not in by_id:
+                raise ValueError(f"patch {p.id} requires unknown patch {dep}")
+            parent[find(p.id)] = find(dep)
+    comps: dict[str, list[Patch]] = {}
+    for p in patches:
+        comps.setdefault(find(p.id), []).append(p)
+    return list(comps.values())
+
+
+class PatchManager:
+    """Owns the application state of one process. Thread-safe; idempotent; restorable."""
+
+    def __init__(self, patches: Sequence[Patch]):
+        self.patches = list(patches)
+        self._lock = threading.RLock()
+        self._changes: list[_Change] = []
+        self.outcomes: list[Outcome] | None = None
+        groups(self.patches)  # validates requires
+
+    @property
+    def ids(self) -> list[str]:
+        return [p.id for p in self.patches]
+
+    @property
+    def applied(self) -> bool:
+        return bool(self._changes)
+
+    # -- planning --------------------------------------------------------------------------------------------
+    def plan(self, config: Config) -> tuple[list[Outcome], dict[str, dict[Target, Resolved]]]:
+        """Classify and check every patch without changing anything."""
+        outcomes: dict[str, Outcome] = {}
+        resolved: dict[str, dict[Target, Resolved]] = {}
+        if config.error:
+            for p in self.patches:
+                outcomes[p.id] = Outcome(p.id, Status.UNSUPPORTED, f"not applied: bad configuration: {config.error}")
+            return [outcomes[p.id] for p in self.patches], {}
+        skipped_groups: dict[str, str] = {}
+        for grp in groups(self.patches):
+            named = sorted(p.id for p in grp if p.id in config.skip)
+            if named and len(grp) > 1:
+                for p in grp:
+                    skipped_groups[p.id] = (
+                        f"skipped by SGLANG_DP_MTP_FIX_SKIP ({', '.join(named)}); its group "
+                        f"{'+'.join(q.id for q in grp)} applies together or not at all"
+                    )
+            elif named:
+                skipped_groups[grp[0].id] = "skipped by SGLANG_DP_MTP_FIX_SKIP"
+        for p in self.patches:
+            if config.mode is Mode.OFF:
+                outcomes[p.id] = Outcome(p.id, Status.DISABLED, "kill switch SGLANG_DP_MTP_FIX=off")
+                continue
+            if p.id in skipped_groups:
+                outcomes[p.id] = Outcome(p.id, Status.DISABLED, skipped_groups[p.id])
+                continue
+            try:
+                p.classify()
+            except Verdict as v:
+                outcomes[p.id] = Outcome(p.id, v.status, v.reason)
+                continue
+            except TargetProblem as exc:
+                outcomes[p.id] = Outcome(p.id, Status.UNSUPPORTED, str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - classification must never crash the host
+                outcomes[p.id] = Outcome(p.id, Status.UNSUPPORTED, f"feature detection failed: {exc!r}")
+                continue
+            try:
+                res = {}
+                for t in p.targets:
+                    r = resolve(t)
+                    if r is not None:
+                        res[t] = r
+                resolved[p.id] = res
+                outcomes[p.id] = Outcome(p.id, Status.APPLIED, "all targets checked")
+            except TargetProblem as exc:
+                outcomes[p.id] = Outcome(p.id, Status.UNSUPPORTED, str(exc))
+            except Exception as exc:  # noqa: BLE001
+                outcomes[p.id] = Outcome(p.id, Status.UNSUPPORTED, f"target check failed: {exc!r}")
+        self._enforce_groups(outcomes)
+        # Never half-patched: one unsupported patch keeps SGLang fully stock.
+        bad = [o for o in outcomes.values() if o.status is Status.UNSUPPORTED]
+        if bad:
+            first = bad[0]
+            for o in outcomes.values():
+                if o.status is Status.APPLIED:
+                    o.status = Status.UNSUPPORTED
+                    o.reason = f"not applied: SGLang kept fully stock because {first.id} is unsupported"
+            resolved = {}
+        return [outcomes[p.id] for p in self.patches], resolved
+
+    def _enforce_groups(self, outcomes: dict[str, Outcome]) -> None:
+        for grp in groups(self.patches):
+            statuses = {outcomes[p.id].status for p in grp}
+            if Status.APPLIED in statuses and statuses != {Status.APPLIED}:
+                odd = next(p for p in grp if outcomes[p.id].status is not Status.APPLIED)
+                for p in grp:
+                    if outcomes[p.id].status is Status.APPLIED:
+                        outcomes[p.id] = Outcome(
+                            p.id,
+                            Status.UNSUPPORTED,
+                            f"not applied: its group member {odd.id} is {outcomes[odd.id].status.value} "
+                            f"({outcomes[odd.id].reason})",
+                        )
+
+    # -- application -----------------------------------------------------------------------------------------
+    def apply(self, config: Config) -> list[Outcome]:
+        with self._lock:
+            if self._changes:  # idempotent per process
+                assert self.outcomes is not None
+                return self.outcomes
+            outcomes, resolved = self.plan(config)
+            to_apply = [p for p in self.patches if p.id in resolved]
+            try:
+                for p in to_apply:
+                    self._apply_patch(p, resolved[p.id])
+                self._verify()
+            except Exception as exc:  # noqa: BLE001 - roll back and stay stock
+                self.restore()
+                reason = f"application failed and was rolled back: {type(exc).__name__}: {exc}"
+                for o in outcomes:
+                    if o.status is Status.APPLIED:
+                        o.status, o.reason = Status.UNSUPPORTED, reason
+            self.outcomes = outcomes
+            return outcomes
+
+    def _apply_patch(self, patch: Patch, resolved: dict[Target, Resolved]) -> None:
+        new_values = patch.replacements(resolved)
+        for target, res in resolved.items():
+            if target.kind is Kind.CHECK:
+                continue
+            new = new_values[target]
+            original = res.raw
+            live_new = new.__func__ if isinstance(new, (classmethod, staticmethod)) else new
+            try:
+                setattr(live_new, MARKER, patch.id)
+                if original is not None:
+                    orig_fn = original.__func__ if isinstance(original, (classmethod, staticmethod)) else original
+                    live_new.__sglang_dp_mtp_fix_original__ = orig_fn
+            except (AttributeError, TypeError):
+                pass  # plain values (class defaults) carry no marker
+            change = _Change(res.owner, res.attr, res.own, original, new)
+            setattr(res.owner, res.attr, new)
+            self._changes.append(change)
+            if inspect.ismodule(res.owner) and original is not None:
+                change.rebinds = _rebind_copies(original, new, skip=res.owner)
+
+    def _verify(self) -> None:
+        for ch in self._changes:
+            live = ch.owner.__dict__.get(ch.attr)
+            if live is not ch.new:
+                raise RuntimeError(f"{_describe(ch.owner)}.{ch.attr} is not our wrapper after application")
+            for mod, name in ch.rebinds:
+                if mod.__dict__.get(name) is not ch.new:
+                    raise RuntimeError(f"copy {mod.__name__}.{name} was not re-pointed")
+            if inspect.ismodule(ch.owner) and ch.original is not None:
+                stale = [m for m, n in _find_copies(ch.original)]
+                if stale:
+                    raise RuntimeError(f"stale copies of {ch.attr} remain in {', '.join(stale)}")
+
+    def restore(self) -> None:
+        """Put every original back, by identity, in reverse order."""
+        with self._lock:
+            while self._changes:
+                ch = self._changes.pop()
+                for mod, name in ch.rebinds:
+                    if mod.__dict__.get(name) is ch.new:
+                        setattr(mod, name, ch.original)
+                if ch.own:
+                    setattr(ch.owner, ch.attr, ch.original)
+                elif ch.attr in ch.owner.__dict__:
+                    delattr(ch.owner, ch.attr)
+            self.outcomes = None
+
+
+def _sglang_modules(skip: Any = None) -> Iterable[Any]:
+    for name, mod in list(sys.modules.items()):
+        if mod is None or mod is skip or not (name == "sglang" or name.startswith("sglang.")):
+            continue
+        yield mod
+
+
+def _find_copies(original: Any) -> list[tuple[str, str]]:
+    found = []
+    for mod in _sglang_modules():
+        for name, val in list(vars(mod).items()):
+            if val is original:
+                found.append((mod.__name__, name))
+    return found
+
+
+def _rebind_copies(original: Any, new: Any, skip: Any) -> list[tuple[Any, str]]:
+    """Re-point ``from X import Y`` copies in imported SGLang modules (what SGLang's HookRegistry does)."""
+    rebinds = []
+    for mod in _sglang_modules(skip):
+        for name, val in list(vars(mod).items()):
+            if val is original:
+                setattr(mod, name, new)
+                rebinds.append((mod, name))
+    return rebinds
+
+
+def wraps_original(original: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``functools.wraps`` without ``__wrapped__`` pointing into a module global (kept in the closure only)."""
+    import functools
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        functools.update_wrapper(fn, original)
+        return fn
+
+    return deco

@@ -1,0 +1,210 @@
+"""draft_graph_vote — a draft-graph vote carried in the existing DP MLP sync; the draft runner obeys it.
+
+Why:      Every DP rank must take the same draft path (CUDA graph vs eager), because the two paths issue different
+          collectives. Folding the seedless fallback into the generic decode-graph vote would keep ranks consistent
+          but cost target-verify and draft-extend their graphs (~9.7 % of decode batches in #32209's workload), so
+          the draft vote is separate (#32209, first and fifth failure modes).
+How:      No additional collective, and no change to the gathered tensor's shape. The decode-graph column (index 2)
+          of the MLP-sync row carries the draft vote in its value:
+              0 = decode graph no;  1 = decode graph yes, sent by a rank WITHOUT this plugin;
+              2 = decode graph yes, draft graph no;  3 = decode graph yes, draft graph yes.
+          SGLang's own reading ``bool(column.min())`` is unchanged by this encoding (2 and 3 are truthy), so the
+          generic vote, its consumers and the row width stay stock on every release (including 0.5.15.post1's
+          hard-coded width 7). A gathered ``1`` means a rank runs without the plugin: the sync raises a clear error
+          naming the ranks instead of letting them split later. Wrappers:
+            * ``prepare_mlp_sync_batch_raw``: the rank's vote, ``not batch.force_disable_draft_cuda_graph``
+              (no batch, idle and prebuilt batches vote yes), scoped in a context variable;
+            * ``MLPSyncBatchInfo._get_local_tensor`` / ``_get_fallback_tensor``: encode (inactive ranks vote yes);
+            * ``MLPSyncBatchInfo.all_gather``: decode the group result (min over every rank) and check the group;
+            * ``_update_gather_batch``: ``batch.can_run_dp_draft_cuda_graph`` = group result (local vote when
+              nothing was gathered: one DP rank, ``SGLANG_SCHEDULER_SKIP_ALL_GATHER``);
+            * ``ForwardBatch.init_new``: carries the flag to the forward batch;
+            * ``EAGLEDraftCudaGraphRunner.can_run_graph``: False when the runner needs MLP sync and the vote is no.
+          Class defaults ``can_run_dp_draft_cuda_graph = True`` keep graphs for batches that never synced.
+          Target-verify and draft-extend graph decisions are untouched.
+Releases: 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (column ``can_run_draft_cuda_graph``, upstream #32196).
+Removable when: the oldest supported release carries upstream #32196 (0.5.21), or #32209 lands.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target, wraps_original
+from sglang_dp_mtp_fix.patches._detect import classify_group
+
+DP_ATTN = "sglang.srt.managers.scheduler_components.dp_attn"
+SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
+FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
+DRAFT_RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner"
+
+VOTE_ATTR = "can_run_dp_draft_cuda_graph"
+FORCE_EAGER_ATTR = "force_disable_draft_cuda_graph"
+
+# Wire format of the decode-graph column of the MLP-sync row (see module docstring).
+DECODE_COLUMN = 2
+DECODE_NO = 0
+STOCK_DECODE_YES = 1
+DECODE_YES_DRAFT_NO = 2
+DECODE_YES_DRAFT_YES = 3
+
+SYNC_RAW = Target(DP_ATTN, "prepare_mlp_sync_batch_raw")
+LOCAL_ROW = Target(DP_ATTN, "MLPSyncBatchInfo._get_local_tensor")
+FALLBACK_ROW = Target(DP_ATTN, "MLPSyncBatchInfo._get_fallback_tensor")
+GATHER = Target(DP_ATTN, "MLPSyncBatchInfo.all_gather")
+FINALIZE_LOCAL = Target(DP_ATTN, "MLPSyncBatchInfo.finalize_local", Kind.CHECK, required=False)
+UPDATE_BATCH = Target(DP_ATTN, "_update_gather_batch")
+FORWARD_INIT = Target(FORWARD_BATCH, "ForwardBatch.init_new")
+RUNNER_GATE = Target(DRAFT_RUNNER, "EAGLEDraftCudaGraphRunner.can_run_graph")
+SB_DEFAULT = Target(SCHEDULE_BATCH, "ScheduleBatch", Kind.ADD, attr=VOTE_ATTR, fingerprinted=False)
+FB_DEFAULT = Target(FORWARD_BATCH, "ForwardBatch", Kind.ADD, attr=VOTE_ATTR, fingerprinted=False)
+
+
+class MixedDeploymentError(RuntimeError):
+    """Some DP ranks of one sync group run without the plugin: stop now rather than hang later."""
+
+
+@dataclass(slots=True)
+class SyncRound:
+    local_vote: bool
+    group_vote: bool | None = None
+
+    def result(self) -> bool:
+        return self.local_vote if self.group_vote is None else self.group_vote
+
+
+_sync_round: contextvars.ContextVar[SyncRound | None] = contextvars.ContextVar("dp_mtp_fix_sync_round", default=None)
+
+
+def local_draft_vote(local_batch: Any) -> bool:
+    """This rank's draft-graph vote: no batch, idle and prebuilt batches vote yes."""
+    if local_batch is None:
+        return True
+    mode = local_batch.forward_mode
+    if mode.is_idle() or mode.is_prebuilt():
+        return True
+    return not getattr(local_batch, FORCE_EAGER_ATTR, False)
+
+
+def decode_group_vote(column: list[int]) -> bool:
+    """Group draft vote from the gathered decode-graph column; raises on ranks without the plugin."""
+    stock = [rank for rank, value in enumerate(column) if value == STOCK_DECODE_YES]
+    unknown = [
+        rank
+        for rank, value in enumerate(column)
+        if value not in (DECODE_NO, STOCK_DECODE_YES, DECODE_YES_DRAFT_NO, DECODE_YES_DRAFT_YES)
+    ]
+    if stock or unknown:
+        raise MixedDeploymentError(
+            "sglang-dp-mtp-fix: DP rank(s) "
+            f"{stock + unknown} sent an MLP-sync row without the draft-graph vote (column values {column}); "
+            "the plugin is not active there (not installed, SGLANG_PLUGINS excludes dp_mtp_fix, "
+            "SGLANG_DP_MTP_FIX=off/skip, or a different SGLang). Every rank of a DP group must run the same "
+            "plugin configuration; stopping now instead of hanging in a later collective."
+        )
+    return DECODE_YES_DRAFT_NO not in column
+
+
+class DraftGraphVote(Patch):
+    id = "draft_graph_vote"
+    summary = "draft-graph vote in the existing MLP-sync all-gather; EAGLEDraftCudaGraphRunner consumes it"
+    requires = ("eager_draft_gate",)
+    targets = (
+        SYNC_RAW,
+        LOCAL_ROW,
+        FALLBACK_ROW,
+        GATHER,
+        FINALIZE_LOCAL,
+        UPDATE_BATCH,
+        FORWARD_INIT,
+        RUNNER_GATE,
+        SB_DEFAULT,
+        FB_DEFAULT,
+    )
+
+    def classify(self) -> None:
+        classify_group()
+
+    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+        info_cls = resolved[LOCAL_ROW].owner
+        fields = getattr(info_cls, "__dataclass_fields__", {})
+        # Field names differ per release (version-matrix §E): decode vote and gathered tensor.
+        decode_field = "can_run_decode_cuda_graph" if "can_run_decode_cuda_graph" in fields else "can_cuda_graph"
+        gathered_field = "tp0_info_cpu" if "tp0_info_cpu" in fields else "tp0_info"
+
+        sync_raw = resolved[SYNC_RAW].raw
+        local_row = resolved[LOCAL_ROW].raw
+        fallback_row = resolved[FALLBACK_ROW].raw
+        gather = resolved[GATHER].raw
+        update_batch = resolved[UPDATE_BATCH].raw
+        forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
+        runner_gate = resolved[RUNNER_GATE].raw
+
+        @wraps_original(sync_raw)
+        def prepare_mlp_sync_batch_raw(*args: Any, **kwargs: Any) -> Any:
+            local_batch = args[0] if args else kwargs.get("local_batch")
+            token = _sync_round.set(SyncRound(local_vote=local_draft_vote(local_batch)))
+            try:
+                return sync_raw(*args, **kwargs)
+            finally:
+                _sync_round.reset(token)
+
+        @wraps_original(local_row)
+        def _get_local_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
+            row = local_row(self, *args, **kwargs)
+            if getattr(self, decode_field):  # host-side bool: no device read
+                sync = _sync_round.get()
+                vote = True if sync is None else sync.local_vote
+                row[DECODE_COLUMN] = DECODE_YES_DRAFT_YES if vote else DECODE_YES_DRAFT_NO
+            return row
+
+        @wraps_original(fallback_row)
+        def _get_fallback_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
+            row = fallback_row(self, *args, **kwargs)
+            row[DECODE_COLUMN] = DECODE_YES_DRAFT_YES  # inactive ranks vote yes
+            return row
+
+        @wraps_original(gather)
+        def all_gather(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = gather(self, *args, **kwargs)
+            gathered = getattr(self, gathered_field)
+            # <=0.5.17 keeps the gathered rows on the device: one small D2H here, none on 0.5.18+.
+            group_vote = decode_group_vote(gathered[:, DECODE_COLUMN].tolist())
+            sync = _sync_round.get()
+            if sync is not None:
+                sync.group_vote = group_vote
+            return result
+
+        @wraps_original(update_batch)
+        def _update_gather_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            result = update_batch(batch, *args, **kwargs)
+            sync = _sync_round.get()
+            setattr(batch, VOTE_ATTR, True if sync is None else sync.result())
+            return result
+
+        @wraps_original(forward_init)
+        def init_new(cls: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            forward_batch = forward_init(cls, batch, *args, **kwargs)
+            forward_batch.can_run_dp_draft_cuda_graph = getattr(batch, VOTE_ATTR, True)
+            return forward_batch
+
+        @wraps_original(runner_gate)
+        def can_run_graph(self: Any, forward_batch: Any) -> Any:
+            ok = runner_gate(self, forward_batch)
+            if ok and getattr(self, "require_mlp_sync", False) and not getattr(forward_batch, VOTE_ATTR, True):
+                return False
+            return ok
+
+        return {
+            SYNC_RAW: prepare_mlp_sync_batch_raw,
+            LOCAL_ROW: _get_local_tensor,
+            FALLBACK_ROW: _get_fallback_tensor,
+            GATHER: all_gather,
+            UPDATE_BATCH: _update_gather_batch,
+            FORWARD_INIT: classmethod(init_new),
+            RUNNER_GATE: can_run_graph,
+            SB_DEFAULT: True,
+            FB_DEFAULT: True,
+        }

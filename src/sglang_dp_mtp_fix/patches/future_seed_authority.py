@@ -1,0 +1,52 @@
+"""future_seed_authority — under overlap scheduling the future seed flag, not the tensor, says whether a seed exists.
+
+Why:      With overlap scheduling a seeded running batch can merge a seedless prebuilt batch. ``merge_batch`` ANDs
+          ``future_dsa_topk_indices_available`` but leaves the materialized ``dsa_topk_indices`` tensor in place, so
+          the tensor is stale and non-empty. ``FutureMap._resolve_spec_extras`` later replaces it with ``None``
+          because the flag is False, and the draft guard then goes eager. A vote that read the tensor would say
+          "graph" on a rank that then runs eager: the very hang this plugin removes. (#32209, second failure mode.)
+How:      Adds ``EagleDraftInput.has_dsa_topk_seed()``: when ``future_indices`` is set the flag is authoritative,
+          otherwise ``dsa_topk_indices is not None``. ``eager_draft_gate``'s predicate calls it. The stock code that
+          makes this the right rule (``merge_batch``'s AND, ``FutureMap._resolve_spec_extras``) is fingerprinted.
+Releases: 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (``cuda_graph_compatible`` is ANDed in both merge branches).
+Removable when: the oldest supported release carries upstream #32196 (0.5.21), or #32209 lands.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
+from sglang_dp_mtp_fix.patches._detect import classify_group
+
+EAGLE_INFO = "sglang.srt.speculative.eagle_info"
+OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
+
+HAS_SEED = Target(EAGLE_INFO, "EagleDraftInput", Kind.ADD, attr="has_dsa_topk_seed", fingerprinted=False)
+MERGE_BATCH = Target(EAGLE_INFO, "EagleDraftInput.merge_batch", Kind.CHECK)
+RESOLVE_EXTRAS = Target(OVERLAP_UTILS, "FutureMap._resolve_spec_extras", Kind.CHECK)
+
+
+def draft_seed_present(spec_info: Any) -> bool:
+    """The seed the draft guard will see after the FutureMap resolves this input (no device access)."""
+    if getattr(spec_info, "future_indices", None) is not None:
+        return bool(getattr(spec_info, "future_dsa_topk_indices_available", False))
+    return getattr(spec_info, "dsa_topk_indices", None) is not None
+
+
+def has_dsa_topk_seed(self: Any) -> bool:
+    """True when this draft input carries a DSA top-k seed (future flag authoritative under overlap)."""
+    return draft_seed_present(self)
+
+
+class FutureSeedAuthority(Patch):
+    id = "future_seed_authority"
+    summary = "overlap: future_dsa_topk_indices_available is authoritative whenever future_indices is set"
+    requires = ("eager_draft_gate",)
+    targets = (HAS_SEED, MERGE_BATCH, RESOLVE_EXTRAS)
+
+    def classify(self) -> None:
+        classify_group()
+
+    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+        return {HAS_SEED: has_dsa_topk_seed}

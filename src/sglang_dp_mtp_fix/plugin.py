@@ -1,0 +1,91 @@
+"""SGLang general-plugin entry point (group ``sglang.srt.plugins``, name ``dp_mtp_fix``).
+
+SGLang calls ``register()`` from ``load_plugins()`` in every process that runs the scheduler (and in the main
+process). It reads the configuration once, applies the patch groups, and reports. It never raises in ``auto``/``off``
+mode; in ``strict`` mode a problem raises :class:`StrictModeAbort`, a ``SystemExit`` that SGLang's loader (which
+catches ``Exception``) cannot swallow.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from sglang_dp_mtp_fix import report
+from sglang_dp_mtp_fix.config import Config, load_config
+from sglang_dp_mtp_fix.core import Outcome, PatchManager, Status, _Change
+from sglang_dp_mtp_fix.patches import all_patches
+
+_lock = threading.Lock()
+_manager: PatchManager | None = None
+last_config: Config | None = None
+
+
+class StrictModeAbort(SystemExit):
+    """SGLANG_DP_MTP_FIX=strict and the plugin could not apply: stop the process with a clear message."""
+
+
+def get_manager() -> PatchManager:
+    global _manager
+    with _lock:
+        if _manager is None:
+            _manager = PatchManager(all_patches())
+        return _manager
+
+
+def register() -> list[Outcome]:
+    """Entry point. Idempotent per process."""
+    global last_config
+    manager = get_manager()
+    if manager.outcomes is not None and last_config is not None:
+        return manager.outcomes
+    config = load_config(manager.ids)
+    last_config = config
+    outcomes = manager.apply(config)
+    problem = report.problem_line(outcomes, config)
+    if problem and config.strict:
+        manager.restore()
+        raise StrictModeAbort(f"{problem} [SGLANG_DP_MTP_FIX=strict: stopping]")
+    if problem:
+        report.logger.warning(problem)
+    if report.logging_configured() or not manager.applied:
+        report.emit(outcomes, config)
+    else:
+        _report_after_scheduler_init(manager, outcomes, config)
+    return outcomes
+
+
+def restore() -> None:
+    """Put SGLang back to stock (tests; operators use SGLANG_DP_MTP_FIX=off)."""
+    global last_config
+    get_manager().restore()
+    last_config = None
+
+
+def _report_after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config: Config) -> None:
+    """Emit the report once SGLang's logging is live: at the end of the first ``Scheduler.__init__``."""
+    try:
+        from sglang.srt.managers.scheduler import Scheduler
+    except Exception:  # noqa: BLE001 - no scheduler in this process: report now
+        report.emit(outcomes, config)
+        return
+    original = Scheduler.__dict__.get("__init__")
+    if original is None:
+        report.emit(outcomes, config)
+        return
+    pending = [True]
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if pending:
+            pending.clear()
+            report.emit(outcomes, config)
+
+    Scheduler.__init__ = __init__  # type: ignore[method-assign]
+    manager._changes.append(_Change(Scheduler, "__init__", True, original, __init__))
+
+
+def outcome_status(outcomes: list[Outcome], patch_id: str) -> Status:
+    return next(o.status for o in outcomes if o.id == patch_id)

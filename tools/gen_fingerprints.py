@@ -1,0 +1,100 @@
+"""Generate ``src/sglang_dp_mtp_fix/fingerprints/sglang.json`` from the real SGLang release wheels.
+
+For every fingerprinted target of every patch (and every release listed below) the wheel is downloaded from PyPI
+(``pip download --no-deps``, cached), the target's defining module is read from the wheel without installing or
+importing it, and the definition's AST fingerprint is recorded. Never edit the JSON by hand: rerun this tool.
+
+Usage: python tools/gen_fingerprints.py [--cache DIR] [--check]
+  --check   exit 1 if the committed file differs from a fresh generation (CI-friendly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from sglang_dp_mtp_fix.core import Kind  # noqa: E402
+from sglang_dp_mtp_fix.fingerprint import find_definition, fingerprint_node  # noqa: E402
+from sglang_dp_mtp_fix.patches import all_patches  # noqa: E402
+
+RELEASES = [
+    "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20",
+    "0.5.21", "0.5.22", "0.5.23",
+]  # fmt: skip
+OUT = ROOT / "src" / "sglang_dp_mtp_fix" / "fingerprints" / "sglang.json"
+
+
+def wheel_for(release: str, cache: Path) -> Path:
+    found = sorted(cache.glob(f"sglang-{release}-*.whl"))
+    if not found:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(cache), f"sglang=={release}"],
+            check=True,
+        )
+        found = sorted(cache.glob(f"sglang-{release}-*.whl"))
+    if not found:
+        raise SystemExit(f"no wheel for sglang=={release}")
+    return found[0]
+
+
+def targets() -> list[tuple[str, str, str]]:
+    seen: dict[str, tuple[str, str, str]] = {}
+    for patch in all_patches():
+        for t in patch.targets:
+            if t.fingerprinted and t.kind is not Kind.ADD:
+                seen[t.name] = (t.name, t.module, t.qualname)
+    return sorted(seen.values())
+
+
+def generate(cache: Path) -> dict:
+    table: dict[str, dict[str, list[str]]] = {}
+    absent: dict[str, list[str]] = {}
+    for release in RELEASES:
+        with zipfile.ZipFile(wheel_for(release, cache)) as wheel:
+            names = set(wheel.namelist())
+            parsed: dict[str, ast.Module | None] = {}
+            for name, module, qualname in targets():
+                if module not in parsed:
+                    base = module.replace(".", "/")
+                    path = next((p for p in (f"{base}.py", f"{base}/__init__.py") if p in names), None)
+                    parsed[module] = ast.parse(wheel.read(path).decode()) if path else None
+                tree = parsed[module]
+                node = find_definition(tree, qualname) if tree is not None else None
+                if node is None:
+                    absent.setdefault(name, []).append(release)
+                    continue
+                table.setdefault(name, {}).setdefault(fingerprint_node(node), []).append(release)
+    return {
+        "_generated_by": "tools/gen_fingerprints.py from the PyPI wheels of the releases below; do not edit",
+        "releases": RELEASES,
+        "targets": table,
+        "absent": absent,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "sglang-dp-mtp-fix" / "wheels")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(generate(args.cache), indent=1, sort_keys=True) + "\n"
+    if args.check:
+        same = OUT.exists() and OUT.read_text() == text
+        print("fingerprints up to date" if same else f"{OUT} is stale: rerun tools/gen_fingerprints.py")
+        return 0 if same else 1
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
