@@ -1,0 +1,132 @@
+"""A pool of N CPU rank processes (spawned once, reused for many rounds)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import traceback
+from pathlib import Path
+from typing import Any
+
+DUMMY_MODEL = Path(__file__).with_name("dummy_model")
+
+
+class RankError(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, world: int, port: int, load_plugins: bool, inbox: Any, outbox: Any, env: dict) -> None:
+    os.environ.update(env)
+    try:
+        from sglang_dp_mtp_fix.harness import rank as r
+
+        outbox.put(("ok", r.setup(rank, world, port, str(DUMMY_MODEL), load_plugins)))
+    except BaseException:  # noqa: BLE001 - report, then exit
+        outbox.put(("error", {"rank": rank, "traceback": traceback.format_exc()}))
+        return
+    while True:
+        item = inbox.get()
+        if item is None:
+            break
+        command, payload = item
+        try:
+            if command == "round":
+                result = r.run_round(payload)
+            elif command == "plugin":
+                result = r.plugin(payload)
+            else:
+                raise ValueError(command)
+            outbox.put(("ok", result))
+        except BaseException as exc:  # noqa: BLE001
+            outbox.put(("error", {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}))
+    try:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class RankPool:
+    """``RankPool(4, load_plugins=True)``: ranks call SGLang's ``load_plugins()`` at start-up."""
+
+    def __init__(self, world: int, load_plugins: bool = False, env: dict[str, str] | None = None, timeout: float = 600):
+        import multiprocessing as mp
+
+        self.world = world
+        self.timeout = timeout
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._inboxes = [ctx.Queue() for _ in range(world)]
+        self._outboxes = [ctx.Queue() for _ in range(world)]
+        self._procs = [
+            ctx.Process(
+                target=_rank_main,
+                args=(r, world, port, load_plugins, self._inboxes[r], self._outboxes[r], dict(env or {})),
+                daemon=True,
+            )
+            for r in range(world)
+        ]
+        for p in self._procs:
+            p.start()
+        try:
+            self.setup = self._collect()
+        except BaseException:
+            self.close()
+            raise
+
+    def _collect(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        import time
+
+        results = []
+        deadline = time.monotonic() + (timeout or self.timeout)
+        for rank, box in enumerate(self._outboxes):
+            while True:
+                try:
+                    status, payload = box.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    if not self._procs[rank].is_alive():
+                        raise RankError(f"rank {rank} exited (code {self._procs[rank].exitcode})") from None
+                    if time.monotonic() > deadline:
+                        raise RankError(f"rank {rank} did not answer within {timeout or self.timeout}s") from None
+            if status != "ok":
+                raise RankError(f"rank {rank} failed:\n{payload.get('traceback', payload)}")
+            results.append(payload)
+        return results
+
+    def _send(self, command: str, payloads: list[Any], timeout: float | None = None) -> list[dict[str, Any]]:
+        for box, payload in zip(self._inboxes, payloads):
+            box.put((command, payload))
+        return self._collect(timeout)
+
+    def round(self, states: list[dict[str, Any]], timeout: float | None = 120) -> list[dict[str, Any]]:
+        assert len(states) == self.world
+        return self._send("round", states, timeout)
+
+    def plugin(self, command: str) -> list[dict[str, Any]]:
+        return self._send("plugin", [command] * self.world)
+
+    def close(self) -> None:
+        for box in self._inboxes:
+            try:
+                box.put(None)
+            except Exception:  # noqa: BLE001
+                pass
+        for p in self._procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

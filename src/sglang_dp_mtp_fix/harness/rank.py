@@ -1,0 +1,270 @@
+"""Code that runs inside one CPU rank process.
+
+REAL SGLang (unmodified, from the installed release): ``ServerArgs`` + publish, ``init_distributed_environment``
+(gloo) + ``initialize_model_parallel``, ``ScheduleBatch``/``Req``/``SamplingParams``, ``EagleDraftInput`` (and its
+``merge_batch``), ``SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run``,
+``SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch``, ``prepare_mlp_sync_batch_raw`` with ``MLPSyncBatchInfo``
+and ``_update_gather_batch``, ``EAGLEWorkerV2.requires_dp_attention_eager_forward`` (when the plugin adds it) and
+``EAGLEDraftCudaGraphRunner.can_run_graph``.
+
+STAND-INS (each needs a GPU model, KV pools or a live scheduler to exist for real), all named ``*StandIn``:
+  * ``SchedulerStandIn``: the attributes ``get_next_disagg_decode_batch_to_run`` reads from a ``Scheduler``
+    (no new prebuilt batch; ``update_running_batch`` returns the batch unchanged).
+  * ``AdapterStandIn``: a ``SchedulerDPAttnAdapter`` (frozen; needs a model runner and KV pools) whose
+    ``maybe_prepare_mlp_sync_batch`` is SGLang's real function and whose ``prepare_mlp_sync_batch`` calls the real
+    ``prepare_mlp_sync_batch_raw`` with this rank's real process group.
+  * ``model_runner`` / draft worker: ``SimpleNamespace`` with only the attributes the real code reads.
+  * The EAGLE worker and the draft CUDA-graph runner are real classes created without ``__init__`` (which loads a
+    model / captures graphs); only the attributes their real methods read are set.
+  * ``forward_batch_view``: the fields ``ForwardBatch.init_new`` copies from the batch (init_new itself needs a
+    model runner with device buffers).
+  * ``draft_guard``: the stock seedless guard inside ``EagleDraftWorker.draft`` (``can_run and not idle and
+    seed_dsa_topk_from_draft_extend and dsa_topk_indices is None``), evaluated on the seed the ``FutureMap`` would
+    resolve; ``draft()`` itself needs a model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from array import array
+from types import SimpleNamespace
+from typing import Any
+
+_ctx: dict[str, Any] = {}
+
+
+def setup(rank: int, world: int, port: int, model_path: str, load_plugins: bool) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    import sglang  # noqa: F401
+    from sglang.srt import server_args as sa_mod
+    from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.server_args import ServerArgs
+
+    if load_plugins:
+        from sglang.srt.plugins import load_plugins as sglang_load_plugins
+
+        sglang_load_plugins()
+    sa = ServerArgs(
+        model_path=model_path, device="cpu", tp_size=world, dp_size=world, enable_dp_attention=True,
+        skip_tokenizer_init=True, load_format="dummy",
+    )  # fmt: skip
+    try:
+        from sglang.srt import runtime_context as rc
+    except ImportError:
+        rc = None
+    if rc is None or not hasattr(rc, "publish"):
+        sa_mod.set_global_server_args_for_scheduler(sa)
+    elif "ranks" in inspect.signature(rc.publish).parameters:
+        rc.publish(sa, role="scheduler", ranks=rc.SpawnRanks(world_rank=rank))
+    else:
+        rc.publish(sa, role="scheduler")
+    ps.init_distributed_environment(
+        backend="gloo", world_size=world, rank=rank, local_rank=rank,
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+    )  # fmt: skip
+    if "tensor_model_parallel_size" in inspect.signature(ps.initialize_model_parallel).parameters:
+        ps.initialize_model_parallel(tensor_model_parallel_size=world, attention_data_parallel_size=world)
+    else:
+        ps.initialize_model_parallel()
+    _ctx.update(rank=rank, world=world)
+    from importlib.metadata import version
+
+    return {"rank": rank, "sglang": version("sglang"), "setup_s": round(time.perf_counter() - t0, 2)}
+
+
+class AdapterStandIn:
+    def __init__(self, world: int, get_idle_batch: Any, model_runner: Any):
+        from sglang.srt.distributed import parallel_state as ps
+        from sglang.srt.managers.scheduler_components import dp_attn
+
+        self._dp_attn = dp_attn
+        params = inspect.signature(dp_attn.prepare_mlp_sync_batch_raw).parameters
+        kw: dict[str, Any] = dict(
+            model_runner=model_runner, get_idle_batch=get_idle_batch, disable_cuda_graph=False,
+            require_mlp_tp_gather=True, offload_tags=set(),
+            disable_overlap_schedule=bool(os.environ.get("SGLANG_DP_MTP_FIX_HARNESS_DEVICE_GROUP")),
+        )  # fmt: skip
+        if "tp_group" in params:
+            kw.update(dp_size=world, attn_tp_size=1, attn_cp_size=1, tp_group=ps.get_tp_group())
+        if "draft_require_mlp_tp_gather" in params:
+            kw["draft_require_mlp_tp_gather"] = True
+        self._kw = {k: v for k, v in kw.items() if k in params}
+
+    def get_require_mlp_sync(self) -> bool:
+        return True
+
+    def prepare_mlp_sync_batch(self, local_batch: Any) -> Any:
+        return self._dp_attn.prepare_mlp_sync_batch_raw(local_batch, **self._kw)
+
+    def maybe_prepare_mlp_sync_batch(self, batch: Any, need_sync: Any = None) -> Any:
+        # SGLang's real method, looked up on the class at call time (so a plugin wrapper is used when applied).
+        return self._dp_attn.SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch(self, batch, need_sync)
+
+
+class SchedulerStandIn:
+    def __init__(self, running_batch: Any, spec_worker: Any, adapter: Any):
+        self.running_batch = running_batch
+        self.draft_worker = spec_worker
+        self.dp_attn_adapter = adapter
+        self.chunked_req = None
+        self.enable_hisparse = False
+        self.scheduler_stage_metrics = None  # 0.5.20+ stage decorator: no recorder
+
+    def get_new_prebuilt_batch(self, *args: Any) -> None:
+        return None
+
+    def update_running_batch(self, batch: Any) -> Any:
+        return batch
+
+
+def _draft_input(seed: bool, overlap: bool, future_flag: bool | None, n: int) -> Any:
+    import torch
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    di = EagleDraftInput(
+        topk_p=torch.ones((n, 1)), topk_index=torch.zeros((n, 1), dtype=torch.long),
+        hidden_states=torch.zeros((n, 4)), bonus_tokens=torch.zeros((n,), dtype=torch.long),
+        dsa_topk_indices=torch.zeros((n, 8), dtype=torch.int32) if seed else None,
+    )  # fmt: skip
+    if overlap:
+        di.future_indices = torch.arange(n)
+        di.future_dsa_topk_indices_available = seed if future_flag is None else future_flag
+    return di
+
+
+def resolved_seed_present(spec_info: Any) -> bool:
+    """The seed ``FutureMap._resolve_spec_extras`` leaves for the draft guard (flag decides under overlap)."""
+    if getattr(spec_info, "future_indices", None) is not None:
+        return bool(spec_info.future_dsa_topk_indices_available)
+    return getattr(spec_info, "dsa_topk_indices", None) is not None
+
+
+def run_round(state: dict[str, Any]) -> dict[str, Any]:
+    """One PD-decode scheduling round on this rank. ``state`` describes the rank's local situation:
+
+    kind: "none" (no running batch) | "idle" (idle batch) | "decode"
+    seed: bool (DSA top-k seed present), overlap: bool, future_flag: bool | None,
+    merge_seedless_prebuilt: bool (a seeded running batch absorbs a seedless prebuilt batch, overlap-style),
+    seed_from_draft_extend: bool, has_draft_worker: bool, num_reqs: int
+    """
+    import torch  # noqa: F401
+    from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    rank = _ctx["rank"]
+    t0 = time.perf_counter()
+    spec_algo = SpeculativeAlgorithm.from_string("EAGLE")
+    model_runner = SimpleNamespace(prefill_cuda_graph_runner=None, spec_algorithm=spec_algo, model_config=None)
+
+    def idle_batch() -> Any:
+        return ScheduleBatch(reqs=[], forward_mode=ForwardMode.IDLE, spec_algorithm=spec_algo)
+
+    kind = state.get("kind", "decode")
+    n = int(state.get("num_reqs", 1))
+    if kind == "decode":
+        running = ScheduleBatch(
+            reqs=[Req(f"r{rank}-{i}", "", array("i", [1, 2, 3, 4]), SamplingParams(max_new_tokens=8)) for i in range(n)],
+            forward_mode=ForwardMode.DECODE, spec_algorithm=spec_algo,
+        )  # fmt: skip
+        spec = _draft_input(bool(state.get("seed", True)), bool(state.get("overlap", False)), state.get("future_flag"), n)
+        if state.get("merge_seedless_prebuilt"):
+            spec.merge_batch(_draft_input(False, True, False, 1))  # real EagleDraftInput.merge_batch
+        running.spec_info = spec
+    elif kind == "idle":
+        running = idle_batch()
+    else:
+        running = ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE, spec_algorithm=spec_algo)  # empty
+
+    spec_worker = object.__new__(EAGLEWorkerV2)  # real class; __init__ would load a model
+    spec_worker._draft_worker = (
+        SimpleNamespace(seed_dsa_topk_from_draft_extend=bool(state.get("seed_from_draft_extend", True)))
+        if state.get("has_draft_worker", True)
+        else None
+    )
+    adapter = AdapterStandIn(_ctx["world"], idle_batch, model_runner)
+    scheduler = SchedulerStandIn(running, spec_worker, adapter)
+    fn = SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run
+    if len(inspect.signature(inspect.unwrap(fn)).parameters) > 1:  # 0.5.16+: (self, running_batch) -> NextBatchPlan
+        batch = fn(scheduler, running).batch_to_run
+    else:  # 0.5.15.post1: (self) -> Optional[ScheduleBatch]
+        batch = fn(scheduler)
+    sync_ms = (time.perf_counter() - t0) * 1e3
+    if batch is None:  # nothing was gathered for this rank (no DP peers active)
+        return {"rank": rank, "ran": False, "sync_ms": sync_ms}
+
+    run_batch = getattr(batch, "inner_idle_batch", None) or batch
+    decode_vote = bool(getattr(run_batch, "can_run_decode_cuda_graph", getattr(run_batch, "can_run_dp_cuda_graph", False)))
+    draft_vote = getattr(run_batch, "can_run_dp_draft_cuda_graph", None)
+    is_idle = run_batch.forward_mode.is_idle()
+    view = forward_batch_view(run_batch, decode_vote)
+    runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, spec_algo)
+    runner_graph = bool(runner.can_run_graph(view))
+    seed_flag = bool(state.get("seed_from_draft_extend", True)) and state.get("has_draft_worker", True)
+    spec_info = getattr(run_batch, "spec_info", None)
+    guard_eager = (not is_idle) and seed_flag and spec_info is not None and not resolved_seed_present(spec_info)
+    draft_graph = runner_graph and not guard_eager
+    cause = None
+    if not draft_graph:
+        if guard_eager and runner_graph:
+            cause = "local seedless guard"
+        elif guard_eager:
+            cause = "own seedless batch"
+        elif draft_vote is False:
+            cause = "another rank's vote"
+        else:
+            cause = "generic graph refused"
+    return {
+        "rank": rank,
+        "ran": True,
+        "idle": is_idle,
+        "num_tokens": 0 if is_idle else len(run_batch.reqs),
+        "global_num_tokens": list(getattr(run_batch, "global_num_tokens", None) or []),
+        "decode_graph": decode_vote,  # target verify + draft extend follow the generic vote
+        "draft_vote": draft_vote,
+        "force_disable_draft_cuda_graph": getattr(batch, "force_disable_draft_cuda_graph", None),
+        "runner_graph": runner_graph,
+        "draft_path": "graph" if draft_graph else "eager",
+        "eager_cause": cause,
+        "sync_ms": sync_ms,
+    }
+
+
+def forward_batch_view(batch: Any, decode_vote: bool) -> Any:
+    """The fields ``ForwardBatch.init_new`` copies from the batch that ``can_run_graph`` reads (stand-in)."""
+    view = SimpleNamespace(
+        spec_info=None, batch_size=max(len(batch.reqs), 0),
+        global_num_tokens_cpu=list(batch.global_num_tokens or [0]),
+        original_global_num_tokens_cpu=list(batch.global_num_tokens or [0]),
+        can_run_dp_cuda_graph=decode_vote, can_run_decode_cuda_graph=decode_vote,
+    )  # fmt: skip
+    if hasattr(batch, "can_run_dp_draft_cuda_graph"):
+        view.can_run_dp_draft_cuda_graph = batch.can_run_dp_draft_cuda_graph
+    return view
+
+
+def draft_runner_standin(runner_cls: Any, spec_algo: Any) -> Any:
+    runner = object.__new__(runner_cls)  # real class; __init__ captures CUDA graphs
+    for name, value in dict(
+        require_mlp_tp_gather=True, require_mlp_sync=True, disable_padding=False, max_bs=64, num_tokens_per_bs=1,
+        captured_req_width=1, model_runner=SimpleNamespace(spec_algorithm=spec_algo),
+    ).items():  # fmt: skip
+        setattr(runner, name, value)
+    return runner
+
+
+def plugin(command: str) -> dict[str, Any]:
+    """apply / restore the plugin in this rank (all ranks do it together)."""
+    from sglang_dp_mtp_fix import plugin as p
+
+    if command == "apply":
+        outcomes = p.register()
+        return {"rank": _ctx["rank"], "statuses": {o.id: o.status.value for o in outcomes}}
+    p.restore()
+    return {"rank": _ctx["rank"], "statuses": {}}
