@@ -78,6 +78,7 @@ class Resolved:
     attr: str
     raw: Any  # owner.__dict__[attr] (or None for ADD / inherited)
     own: bool  # attr defined in owner's own __dict__
+    matched: tuple[str, ...] = ()  # releases whose source has this target's fingerprint
 
 
 class Patch:
@@ -154,9 +155,8 @@ def resolve(target: Target) -> Resolved | None:
             pass  # ours: re-application is handled by the manager (idempotence)
         elif _foreign_hook(live):
             raise TargetProblem(f"{target.name} is already wrapped by another hook ({_describe(live)})")
-    if target.fingerprinted:
-        _check_fingerprint(target, raw)
-    return Resolved(target, owner, attr, raw, own)
+    matched = _check_fingerprint(target, raw) if target.fingerprinted else ()
+    return Resolved(target, owner, attr, raw, own, matched)
 
 
 def _foreign_hook(live: Any) -> bool:
@@ -177,7 +177,7 @@ def _describe(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
-def _check_fingerprint(target: Target, raw: Any) -> None:
+def _check_fingerprint(target: Target, raw: Any) -> tuple[str, ...]:
     live = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
     live = getattr(live, "__sglang_dp_mtp_fix_original__", live)
     try:
@@ -192,6 +192,14 @@ def _check_fingerprint(target: Target, raw: Any) -> None:
             f"{target.name} source drifted: fingerprint {got} ({where}) is not one of the {len(known)} "
             f"known for {AFFECTED_RELEASES[0]}..{AFFECTED_RELEASES[-1]}"
         )
+    return tuple(seen_in)
+
+
+def _checked_reason(res: dict[Target, Resolved]) -> str:
+    fingerprinted = [r.matched for r in res.values() if r.target.fingerprinted]
+    common = set(AFFECTED_RELEASES).intersection(*fingerprinted) if fingerprinted else set()
+    as_of = ", ".join(r for r in AFFECTED_RELEASES if r in common) or "mixed releases"
+    return f"{len(res)} targets checked; {len(fingerprinted)} source fingerprints match SGLang {as_of}"
 
 
 def groups(patches: Sequence[Patch]) -> list[list[Patch]]:
@@ -278,7 +286,7 @@ class PatchManager:
                     if r is not None:
                         res[t] = r
                 resolved[p.id] = res
-                outcomes[p.id] = Outcome(p.id, Status.APPLIED, "all targets checked")
+                outcomes[p.id] = Outcome(p.id, Status.APPLIED, _checked_reason(res))
             except TargetProblem as exc:
                 outcomes[p.id] = Outcome(p.id, Status.UNSUPPORTED, str(exc))
             except Exception as exc:  # noqa: BLE001

@@ -97,10 +97,12 @@ class RankPool:
                         raise RankError(f"rank {rank} exited (code {self._procs[rank].exitcode})") from None
                     if time.monotonic() > deadline:
                         raise RankError(f"rank {rank} did not answer within {timeout or self.timeout}s") from None
+            results.append((status, payload))
+        # Every rank has answered (so the queues stay in step); now report the first failure, if any.
+        for rank, (status, payload) in enumerate(results):
             if status != "ok":
                 raise RankError(f"rank {rank} failed:\n{payload.get('traceback', payload)}")
-            results.append(payload)
-        return results
+        return [payload for _, payload in results]
 
     def _send(self, command: str, payloads: list[Any], timeout: float | None = None) -> list[dict[str, Any]]:
         for box, payload in zip(self._inboxes, payloads):
@@ -111,8 +113,10 @@ class RankPool:
         assert len(states) == self.world
         return self._send("round", states, timeout)
 
-    def plugin(self, command: str) -> list[dict[str, Any]]:
-        return self._send("plugin", [command] * self.world)
+    def plugin(self, command: str | list[str]) -> list[dict[str, Any]]:
+        """'apply' / 'restore' on every rank, or one command per rank (a misconfigured-node scenario)."""
+        commands = [command] * self.world if isinstance(command, str) else command
+        return self._send("plugin", commands)
 
     def close(self) -> None:
         for box in self._inboxes:

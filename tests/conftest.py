@@ -1,0 +1,82 @@
+"""Shared fixtures. Every test here runs against the REAL, unmodified SGLang release installed in this venv
+(``tools/mkvenv.sh`` builds one venv per release; ``tools/test-matrix.sh`` runs this suite in each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import PackageNotFoundError, version
+
+import pytest
+
+AFFECTED = ("0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20")
+SUPERSEDED = ("0.5.21", "0.5.22", "0.5.23")
+NOT_AFFECTED = ("0.5.14", "0.5.15")
+
+try:
+    SGLANG_VERSION = version("sglang")
+except PackageNotFoundError:  # pure-Python tests (config) still run
+    SGLANG_VERSION = None
+
+requires_sglang = pytest.mark.skipif(SGLANG_VERSION is None, reason="SGLang is not installed in this venv")
+affected_only = pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason=f"SGLang {SGLANG_VERSION} is not patched")
+
+
+def expected_status() -> str:
+    if SGLANG_VERSION in AFFECTED:
+        return "applied"
+    if SGLANG_VERSION in SUPERSEDED:
+        return "superseded"
+    return "not-affected"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"sglang under test: {SGLANG_VERSION} (expected plugin outcome: {expected_status()})"
+
+
+@pytest.fixture()
+def restored():
+    """Run a test with the plugin applied in-process, and always put SGLang back to stock afterwards."""
+    from sglang_dp_mtp_fix import plugin
+
+    plugin.restore()
+    yield plugin
+    plugin.restore()
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter of this venv (loader tests must start from a clean process)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DP_MTP_FIX")}
+    full_env.pop("SGLANG_PLUGINS", None)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=os.path.dirname(__file__),
+    )
+
+
+def last_json(stdout: str) -> dict:
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"no JSON line in output:\n{stdout}")
+
+
+@pytest.fixture(scope="session")
+def rank_pool():
+    """Four gloo ranks running the real SGLang, started once; the plugin is loaded through SGLang's own
+    ``load_plugins()`` with ``SGLANG_PLUGINS=dp_mtp_fix``. Tests switch arms with ``pool.plugin('apply'|'restore')``."""
+    if SGLANG_VERSION is None:
+        pytest.skip("SGLang is not installed")
+    from sglang_dp_mtp_fix.harness.pool import RankPool
+
+    pool = RankPool(4, load_plugins=True, env={"SGLANG_PLUGINS": "dp_mtp_fix"})
+    yield pool
+    pool.close()

@@ -1,0 +1,59 @@
+"""Configuration parsing: every accepted spelling, every refused value (table-driven)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, ConfigError, Mode, load_config, parse_mode, parse_skip
+
+IDS = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
+
+
+@pytest.mark.parametrize(
+    ("raw", "mode"),
+    [
+        (None, Mode.AUTO), ("", Mode.AUTO), ("  ", Mode.AUTO), ("auto", Mode.AUTO), ("AUTO", Mode.AUTO),
+        (" strict ", Mode.STRICT), ("Strict", Mode.STRICT), ("off", Mode.OFF), ("0", Mode.OFF),
+        ("false", Mode.OFF), ("False", Mode.OFF), ("no", Mode.OFF), ("n", Mode.OFF), ("disabled", Mode.OFF),
+    ],
+)  # fmt: skip
+def test_accepted_modes(raw, mode):
+    assert parse_mode(raw) is mode
+
+
+@pytest.mark.parametrize("raw", ["on", "1", "true", "yes", "auto,strict", "strict!", "ａｕｔｏ", "auto\n", "x" * 5000])
+def test_refused_modes_name_the_variable_and_accepted_values(raw):
+    with pytest.raises(ConfigError) as exc:
+        parse_mode(raw)
+    message = str(exc.value)
+    assert MODE_ENV in message
+    if len(raw) < 100 and raw.isascii() and raw.isprintable():
+        assert "auto" in message and "strict" in message and "off" in message
+
+
+@pytest.mark.parametrize(
+    ("raw", "skip"),
+    [
+        (None, set()), ("", set()), (" , ", set()), ("draft_graph_vote", {"draft_graph_vote"}),
+        (" eager_draft_gate , draft_graph_vote ", {"eager_draft_gate", "draft_graph_vote"}),
+        ("draft_graph_vote,draft_graph_vote", {"draft_graph_vote"}),
+    ],
+)  # fmt: skip
+def test_skip_lists(raw, skip):
+    assert parse_skip(raw, IDS) == skip
+
+
+@pytest.mark.parametrize("raw", ["nope", "draft_graph_vote,nope", "DRAFT_GRAPH_VOTE", "dräft", "a" * 5000])
+def test_unknown_skip_ids_are_errors(raw):
+    with pytest.raises(ConfigError) as exc:
+        parse_skip(raw, IDS)
+    assert SKIP_ENV in str(exc.value)
+
+
+def test_load_config_never_raises_and_reports_the_error():
+    cfg = load_config(IDS, {MODE_ENV: "maybe"})
+    assert cfg.error and MODE_ENV in cfg.error and cfg.mode is Mode.AUTO
+    cfg = load_config(IDS, {MODE_ENV: "strict", SKIP_ENV: "bogus"})
+    assert cfg.strict and cfg.error and "bogus" in cfg.error
+    cfg = load_config(IDS, {MODE_ENV: "off", SKIP_ENV: "draft_graph_vote"})
+    assert cfg.mode is Mode.OFF and cfg.error is None and cfg.skip == {"draft_graph_vote"}

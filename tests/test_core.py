@@ -1,0 +1,189 @@
+"""The patching core against the real installed SGLang: check-all-then-apply, verification, restore by identity,
+``from X import Y`` copies, idempotence, groups, and faults that must leave SGLang fully stock."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+
+import pytest
+from conftest import SGLANG_VERSION, affected_only, expected_status, requires_sglang
+
+from sglang_dp_mtp_fix import fingerprint as fp
+from sglang_dp_mtp_fix.config import Config, Mode
+from sglang_dp_mtp_fix.core import MARKER, Kind, PatchManager, Status, Target, groups
+from sglang_dp_mtp_fix.patches import PATCH_IDS, all_patches
+
+pytestmark = requires_sglang
+
+
+def _live(target: Target):
+    owner = importlib.import_module(target.module)
+    parts = target.qualname.split(".") + ([target.attr] if target.kind is Kind.ADD else [])
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    return owner, parts[-1]
+
+
+def _snapshot():
+    """Identity of every target attribute (what 'fully stock' means)."""
+    snap = {}
+    for patch in all_patches():
+        for t in patch.targets:
+            if t.kind is Kind.CHECK:
+                continue
+            try:
+                owner, attr = _live(t)
+            except Exception:  # noqa: BLE001
+                continue
+            snap[t.name] = owner.__dict__.get(attr, "<absent>")
+    return snap
+
+
+def test_patch_ids_and_group():
+    assert [p.id for p in all_patches()] == list(PATCH_IDS)
+    assert [[p.id for p in g] for g in groups(all_patches())] == [list(PATCH_IDS)]
+
+
+def test_committed_fingerprints_cover_this_release():
+    """The generated file lists this release's source for every fingerprinted target it has."""
+    data = fp.known_fingerprints()
+    assert SGLANG_VERSION in data["releases"]
+    for patch in all_patches():
+        for t in patch.targets:
+            if not t.fingerprinted or t.kind is Kind.ADD:
+                continue
+            try:
+                owner, attr = _live(t)
+            except Exception:  # noqa: BLE001
+                owner, attr = None, None
+            if owner is None or not hasattr(owner, attr):
+                assert SGLANG_VERSION in data["absent"].get(t.name, []), t.name
+                continue
+            got = fp.fingerprint_object(owner.__dict__.get(attr, getattr(owner, attr)))
+            assert SGLANG_VERSION in data["targets"][t.name][got], (t.name, got)
+
+
+def test_plan_changes_nothing():
+    before = _snapshot()
+    outcomes, _ = PatchManager(all_patches()).plan(Config())
+    assert {o.status.value for o in outcomes} == {expected_status()}
+    assert _snapshot() == before
+
+
+@affected_only
+def test_apply_verify_restore_by_identity(restored):
+    before = _snapshot()
+    outcomes = restored.register()
+    assert [o.status for o in outcomes] == [Status.APPLIED] * 3, outcomes
+    after = _snapshot()
+    changed = {k for k in before if before[k] is not after[k]}
+    assert changed == set(before), "every WRAP/ADD target must be live"
+    for name, value in after.items():
+        live = value.__func__ if isinstance(value, classmethod) else value
+        if callable(live):
+            assert getattr(live, MARKER, None) in PATCH_IDS, name
+    # idempotent per process: a second register() changes nothing
+    assert restored.register() == outcomes
+    assert _snapshot() == after
+    restored.restore()
+    assert _snapshot() == before  # identity, not equality
+
+
+@affected_only
+def test_from_import_copies_are_repointed_and_restored(restored):
+    dp_attn = importlib.import_module("sglang.srt.managers.scheduler_components.dp_attn")
+    original = dp_attn.prepare_mlp_sync_batch_raw
+    copy_holder = type(sys)("sglang._dp_mtp_fix_test_copy")  # an SGLang-namespace module holding a from-import copy
+    copy_holder.prepare_mlp_sync_batch_raw = original
+    sys.modules[copy_holder.__name__] = copy_holder
+    try:
+        restored.register()
+        assert copy_holder.prepare_mlp_sync_batch_raw is dp_attn.prepare_mlp_sync_batch_raw is not original
+        restored.restore()
+        assert copy_holder.prepare_mlp_sync_batch_raw is original and dp_attn.prepare_mlp_sync_batch_raw is original
+    finally:
+        del sys.modules[copy_holder.__name__]
+
+
+@affected_only
+@pytest.mark.parametrize("skip", PATCH_IDS)
+def test_skipping_any_member_skips_the_whole_group(skip):
+    before = _snapshot()
+    manager = PatchManager(all_patches())
+    outcomes = manager.apply(Config(skip=frozenset({skip})))
+    assert all(o.status is Status.DISABLED for o in outcomes)
+    assert all("applies together or not at all" in o.reason for o in outcomes)
+    assert _snapshot() == before
+
+
+def test_kill_switch():
+    before = _snapshot()
+    outcomes = PatchManager(all_patches()).apply(Config(mode=Mode.OFF))
+    assert {o.status for o in outcomes} == {Status.DISABLED}
+    assert _snapshot() == before
+
+
+@affected_only
+def test_drifted_source_keeps_sglang_fully_stock(monkeypatch):
+    """A target whose source is not one we know (a fork, a dev build) stands the plugin down, with the reason."""
+    runner_mod = importlib.import_module("sglang.srt.speculative.eagle_draft_cuda_graph_runner")
+    cls = runner_mod.EAGLEDraftCudaGraphRunner
+    namespace: dict = {}
+    exec("def can_run_graph(self, forward_batch):\n    return False\n", namespace)  # a "drifted" body
+    monkeypatch.setattr(cls, "can_run_graph", namespace["can_run_graph"])
+    namespace["can_run_graph"].__code__ = namespace["can_run_graph"].__code__.replace(
+        co_filename=inspect.getsourcefile(runner_mod)  # looks like SGLang's own code, not a foreign hook
+    )
+    before = _snapshot()
+    manager = PatchManager(all_patches())
+    outcomes = manager.apply(Config())
+    assert all(o.status is Status.UNSUPPORTED for o in outcomes)
+    bad = next(o for o in outcomes if o.id == "draft_graph_vote")
+    assert "can_run_graph" in bad.reason and ("drifted" in bad.reason or "source" in bad.reason)
+    assert _snapshot() == before
+
+
+@affected_only
+def test_foreign_hook_keeps_sglang_fully_stock(monkeypatch):
+    import functools
+
+    dp_attn = importlib.import_module("sglang.srt.managers.scheduler_components.dp_attn")
+    original = dp_attn._update_gather_batch
+
+    @functools.wraps(original)
+    def other_plugins_hook(*a, **k):
+        return original(*a, **k)
+
+    monkeypatch.setattr(dp_attn, "_update_gather_batch", other_plugins_hook)
+    before = _snapshot()
+    outcomes = PatchManager(all_patches()).apply(Config())
+    reason = next(o for o in outcomes if o.id == "draft_graph_vote").reason
+    assert all(o.status is Status.UNSUPPORTED for o in outcomes) and "another hook" in reason
+    assert _snapshot() == before
+
+
+@affected_only
+def test_failure_during_application_rolls_back(monkeypatch):
+    from sglang_dp_mtp_fix.patches import draft_graph_vote
+
+    def boom(self, resolved):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(draft_graph_vote.DraftGraphVote, "replacements", boom)
+    before = _snapshot()
+    outcomes = PatchManager(all_patches()).apply(Config())
+    assert all(o.status is Status.UNSUPPORTED and "rolled back" in o.reason for o in outcomes)
+    assert _snapshot() == before
+
+
+@affected_only
+def test_missing_target_keeps_sglang_fully_stock(monkeypatch):
+    dp_attn = importlib.import_module("sglang.srt.managers.scheduler_components.dp_attn")
+    monkeypatch.delattr(dp_attn.MLPSyncBatchInfo, "_get_fallback_tensor")
+    before = _snapshot()
+    outcomes = PatchManager(all_patches()).apply(Config())
+    assert all(o.status is Status.UNSUPPORTED for o in outcomes)
+    assert "_get_fallback_tensor is missing" in next(o for o in outcomes if o.id == "draft_graph_vote").reason
+    assert _snapshot() == before
