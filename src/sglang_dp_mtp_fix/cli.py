@@ -83,7 +83,8 @@ def _print_text(data: dict[str, Any]) -> None:
     print(f"  mode:         {data['mode']} ({MODE_ENV})   skip: {', '.join(data['skip']) or '-'} ({SKIP_ENV})")
     if data["config_error"]:
         print(f"  CONFIG ERROR: {data['config_error']}")
-    print(f"  entry point:  {'selected' if data['entry_point_selected'] else 'NOT selected'} - {data['entry_point_reason']}")
+    selected = "selected" if data["entry_point_selected"] else "NOT selected"
+    print(f"  entry point:  {selected} - {data['entry_point_reason']}")
     width = max(len(p["id"]) for p in data["patches"])
     for p in data["patches"]:
         print(f"  {p['id']:<{width}}  {p['status']:<13} {p['reason']}")

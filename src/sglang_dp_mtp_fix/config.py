@@ -77,9 +77,7 @@ def parse_skip(raw: str | None, known_ids: Iterable[str]) -> frozenset[str]:
     ids = [i for i in ids if i]
     unknown = sorted({i for i in ids if i not in known})
     if unknown:
-        raise ConfigError(
-            f"{SKIP_ENV} names unknown patch id(s) {', '.join(unknown)}; known ids: {', '.join(known)}"
-        )
+        raise ConfigError(f"{SKIP_ENV} names unknown patch id(s) {', '.join(unknown)}; known ids: {', '.join(known)}")
     return frozenset(ids)
 
 

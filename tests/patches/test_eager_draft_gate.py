@@ -38,7 +38,9 @@ def _worker(seed_from_draft_extend: bool | None):
 
     worker = object.__new__(EAGLEWorkerV2)  # STAND-IN construction: __init__ loads a draft model on a GPU
     worker._draft_worker = (
-        None if seed_from_draft_extend is None else SimpleNamespace(seed_dsa_topk_from_draft_extend=seed_from_draft_extend)
+        None
+        if seed_from_draft_extend is None
+        else SimpleNamespace(seed_dsa_topk_from_draft_extend=seed_from_draft_extend)
     )  # STAND-IN draft worker: only the seed flag is read
     return worker
 

@@ -45,7 +45,9 @@ def _rank_main(rank: int, world: int, port: int, load_plugins: bool, inbox: Any,
                 raise ValueError(command)
             outbox.put(("ok", result))
         except BaseException as exc:  # noqa: BLE001
-            outbox.put(("error", {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}))
+            outbox.put(
+                ("error", {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            )
     try:
         import torch.distributed as dist
 
@@ -105,7 +107,7 @@ class RankPool:
         return [payload for _, payload in results]
 
     def _send(self, command: str, payloads: list[Any], timeout: float | None = None) -> list[dict[str, Any]]:
-        for box, payload in zip(self._inboxes, payloads):
+        for box, payload in zip(self._inboxes, payloads, strict=True):
             box.put((command, payload))
         return self._collect(timeout)
 

@@ -169,11 +169,11 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     kind = state.get("kind", "decode")
     n = int(state.get("num_reqs", 1))
     if kind == "decode":
-        running = ScheduleBatch(
-            reqs=[Req(f"r{rank}-{i}", "", array("i", [1, 2, 3, 4]), SamplingParams(max_new_tokens=8)) for i in range(n)],
-            forward_mode=ForwardMode.DECODE, spec_algorithm=spec_algo,
-        )  # fmt: skip
-        spec = _draft_input(bool(state.get("seed", True)), bool(state.get("overlap", False)), state.get("future_flag"), n)
+        reqs = [Req(f"r{rank}-{i}", "", array("i", [1, 2, 3, 4]), SamplingParams(max_new_tokens=8)) for i in range(n)]
+        running = ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.DECODE, spec_algorithm=spec_algo)
+        spec = _draft_input(
+            bool(state.get("seed", True)), bool(state.get("overlap", False)), state.get("future_flag"), n
+        )
         if state.get("merge_seedless_prebuilt"):
             spec.merge_batch(_draft_input(False, True, False, 1))  # real EagleDraftInput.merge_batch
         running.spec_info = spec
@@ -200,7 +200,9 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
         return {"rank": rank, "ran": False, "sync_ms": sync_ms}
 
     run_batch = getattr(batch, "inner_idle_batch", None) or batch
-    decode_vote = bool(getattr(run_batch, "can_run_decode_cuda_graph", getattr(run_batch, "can_run_dp_cuda_graph", False)))
+    decode_vote = bool(
+        getattr(run_batch, "can_run_decode_cuda_graph", getattr(run_batch, "can_run_dp_cuda_graph", False))
+    )
     draft_vote = getattr(run_batch, "can_run_dp_draft_cuda_graph", None)
     is_idle = run_batch.forward_mode.is_idle()
     view = forward_batch_view(run_batch, decode_vote)

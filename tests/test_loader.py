@@ -1,0 +1,138 @@
+"""Loading through SGLang's own ``load_plugins()`` in fresh processes: selection, modes, skip lists, bad values,
+strict stops, double load, and the report line."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SGLANG_VERSION, expected_status, last_json, requires_sglang, run_python
+
+pytestmark = requires_sglang
+
+PROBE = """
+import json, logging, sys
+{pre}
+from sglang.srt.plugins import load_plugins
+load_plugins()
+{post}
+from sglang.srt.managers.scheduler_components import dp_attn
+loaded = "sglang_dp_mtp_fix.plugin" in sys.modules
+out = {{"loaded": loaded, "patched": hasattr(dp_attn.prepare_mlp_sync_batch_raw, "__sglang_dp_mtp_fix_patch__")}}
+if loaded:
+    from sglang_dp_mtp_fix import plugin
+    m = plugin.get_manager()
+    out["statuses"] = {{o.id: o.status.value for o in (m.outcomes or [])}}
+    out["reasons"] = {{o.id: o.reason for o in (m.outcomes or [])}}
+print(json.dumps(out))
+"""
+
+
+def probe(env: dict[str, str], pre: str = "", post: str = ""):
+    proc = run_python(PROBE.format(pre=pre, post=post), env)
+    return proc, (last_json(proc.stdout) if proc.returncode == 0 else None)
+
+
+def test_selected_by_sglang_plugins():
+    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(out["statuses"].values()) == {expected_status()}
+    assert out["patched"] is (expected_status() == "applied")
+
+
+def test_empty_sglang_plugins_loads_every_installed_plugin():
+    proc, out = probe({"SGLANG_PLUGINS": ""})
+    assert out["loaded"] and set(out["statuses"].values()) == {expected_status()}
+
+
+def test_not_selected_is_never_imported():
+    proc, out = probe({"SGLANG_PLUGINS": "some_other_plugin"})
+    assert proc.returncode == 0 and out == {"loaded": False, "patched": False}
+
+
+@pytest.mark.parametrize("value", ["off", "0", "false", "OFF"])
+def test_kill_switch(value):
+    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix", "SGLANG_DP_MTP_FIX": value})
+    assert set(out["statuses"].values()) == {"disabled"} and out["patched"] is False
+
+
+def test_skip_list_skips_the_group_and_says_so():
+    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix", "SGLANG_DP_MTP_FIX_SKIP": "future_seed_authority"})
+    if expected_status() != "applied":
+        pytest.skip("nothing to skip on this release")
+    assert set(out["statuses"].values()) == {"disabled"} and out["patched"] is False
+    assert "applies together or not at all" in out["reasons"]["draft_graph_vote"]
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("SGLANG_DP_MTP_FIX", "yes-please"), ("SGLANG_DP_MTP_FIX_SKIP", "not_a_patch"), ("SGLANG_DP_MTP_FIX", "aütö")],
+)
+def test_bad_values_leave_sglang_stock_with_one_clear_line(var, value):
+    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix", var: value})
+    assert proc.returncode == 0
+    assert out["patched"] is False and set(out["statuses"].values()) == {"unsupported"}
+    lines = [line for line in proc.stderr.splitlines() if "SGLang left stock" in line]
+    assert len(lines) == 1 and var in lines[0], proc.stderr[-2000:]
+
+
+def test_strict_stops_on_bad_input_and_the_loader_cannot_swallow_it():
+    proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix", "SGLANG_DP_MTP_FIX": "strict", "SGLANG_DP_MTP_FIX_SKIP": "x"})
+    assert proc.returncode != 0
+    assert "SGLANG_DP_MTP_FIX=strict: stopping" in proc.stderr and "SGLANG_DP_MTP_FIX_SKIP" in proc.stderr
+
+
+def test_strict_stops_on_drifted_source():
+    if expected_status() != "applied":
+        pytest.skip("nothing is patched on this release")
+    drift = (
+        "from sglang.srt.managers.scheduler_components import dp_attn\n"
+        "ns = {}\n"
+        "exec(compile('def _update_gather_batch(*a, **k):\\n    return None\\n', dp_attn.__file__, 'exec'), ns)\n"
+        "dp_attn._update_gather_batch = ns['_update_gather_batch']"
+    )
+    env = {"SGLANG_PLUGINS": "dp_mtp_fix", "SGLANG_DP_MTP_FIX": "strict"}
+    proc, _ = probe(env, pre=drift)
+    assert proc.returncode != 0 and "_update_gather_batch" in proc.stderr and "strict" in proc.stderr
+    proc, out = probe({**env, "SGLANG_DP_MTP_FIX": "auto"}, pre=drift)
+    assert proc.returncode == 0 and out["patched"] is False
+    assert [line for line in proc.stderr.splitlines() if "SGLang left stock" in line]
+
+
+def test_strict_on_a_healthy_install():
+    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix", "SGLANG_DP_MTP_FIX": "strict"})
+    assert proc.returncode == 0 and set(out["statuses"].values()) == {expected_status()}
+
+
+def test_double_load_does_not_double_wrap():
+    post = (
+        "import sglang.srt.plugins as sp; sp._plugins_loaded = False; load_plugins()\n"
+        "from sglang_dp_mtp_fix import plugin; plugin.register()\n"
+        "from sglang.srt.managers.scheduler_components import dp_attn\n"
+        "f = dp_attn.prepare_mlp_sync_batch_raw\n"
+        "orig = getattr(f, '__sglang_dp_mtp_fix_original__', f)\n"
+        "assert not hasattr(orig, '__sglang_dp_mtp_fix_patch__'), 'wrapped twice'\n"
+    )
+    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, post=post)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(out["statuses"].values()) == {expected_status()}
+
+
+def test_report_line_when_logging_is_configured():
+    pre = "logging.basicConfig(level=logging.INFO, format='%(message)s')"
+    proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, pre=pre)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("sglang-dp-mtp-fix ")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert f"on SGLang {SGLANG_VERSION}" in lines[0] and f"draft_graph_vote={expected_status()}" in lines[0]
+
+
+def test_report_is_deferred_until_scheduler_init_when_logging_is_not_live():
+    if expected_status() != "applied":
+        pytest.skip("the deferral is only installed when patches are applied")
+    post = (
+        "from sglang.srt.managers.scheduler import Scheduler\n"
+        "init = Scheduler.__dict__['__init__']\n"
+        "assert hasattr(init, '__wrapped__'), 'report seam missing'\n"
+        "from sglang_dp_mtp_fix import plugin; plugin.restore()\n"
+        "assert Scheduler.__dict__['__init__'] is init.__wrapped__\n"
+    )
+    proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, post=post)
+    assert proc.returncode == 0, proc.stderr[-3000:]
