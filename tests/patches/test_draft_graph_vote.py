@@ -147,6 +147,8 @@ def test_seedless_active_rank_with_idle_ranks(rank_pool):
     assert _paths(patched) == ["eager"] * 4
     assert all(r["decode_graph"] is True for r in patched)
     assert all(r["draft_vote"] is False for r in patched)
+    assert all(r["forward_batch_draft_vote"] is False for r in patched)  # carried by the real ForwardBatch.init_new
+    assert all(r["forward_batch_draft_vote"] is None for r in stock)
     assert patched[0]["force_disable_draft_cuda_graph"] is True
     assert [r["eager_cause"] for r in patched] == ["own seedless batch"] + ["another rank's vote"] * 3
 

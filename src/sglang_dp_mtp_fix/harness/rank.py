@@ -16,8 +16,9 @@ STAND-INS (each needs a GPU model, KV pools or a live scheduler to exist for rea
   * ``model_runner`` / draft worker: ``SimpleNamespace`` with only the attributes the real code reads.
   * The EAGLE worker and the draft CUDA-graph runner are real classes created without ``__init__`` (which loads a
     model / captures graphs); only the attributes their real methods read are set.
-  * ``forward_batch_view``: the fields ``ForwardBatch.init_new`` copies from the batch (init_new itself needs a
-    model runner with device buffers).
+  * ``ModelRunnerStandIn`` for the real ``ForwardBatch.init_new`` (a permissive null object: every attribute the
+    real code reads is falsy/empty, as for a runner without LoRA, canaries, DCP or n-gram embeddings), and the
+    decode tensors ``prepare_for_decode`` would set on the batch (``decode_tensors``).
   * ``draft_guard``: the stock seedless guard inside ``EagleDraftWorker.draft`` (``can_run and not idle and
     seed_dsa_topk_from_draft_extend and dsa_topk_indices is None``), evaluated on the seed the ``FutureMap`` would
     resolve; ``draft()`` itself needs a model.
@@ -205,7 +206,7 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     )
     draft_vote = getattr(run_batch, "can_run_dp_draft_cuda_graph", None)
     is_idle = run_batch.forward_mode.is_idle()
-    view = forward_batch_view(run_batch, decode_vote)
+    view = real_forward_batch(run_batch, spec_algo)
     runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, spec_algo)
     runner_graph = bool(runner.can_run_graph(view))
     seed_flag = bool(state.get("seed_from_draft_extend", True)) and state.get("has_draft_worker", True)
@@ -230,6 +231,7 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
         "global_num_tokens": list(getattr(run_batch, "global_num_tokens", None) or []),
         "decode_graph": decode_vote,  # target verify + draft extend follow the generic vote
         "draft_vote": draft_vote,
+        "forward_batch_draft_vote": view.__dict__.get("can_run_dp_draft_cuda_graph"),
         "force_disable_draft_cuda_graph": getattr(batch, "force_disable_draft_cuda_graph", None),
         "runner_graph": runner_graph,
         "draft_path": "graph" if draft_graph else "eager",
@@ -238,17 +240,60 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def forward_batch_view(batch: Any, decode_vote: bool) -> Any:
-    """The fields ``ForwardBatch.init_new`` copies from the batch that ``can_run_graph`` reads (stand-in)."""
-    view = SimpleNamespace(
-        spec_info=None, batch_size=max(len(batch.reqs), 0),
-        global_num_tokens_cpu=list(batch.global_num_tokens or [0]),
-        original_global_num_tokens_cpu=list(batch.global_num_tokens or [0]),
-        can_run_dp_cuda_graph=decode_vote, can_run_decode_cuda_graph=decode_vote,
-    )  # fmt: skip
-    if hasattr(batch, "can_run_dp_draft_cuda_graph"):
-        view.can_run_dp_draft_cuda_graph = batch.can_run_dp_draft_cuda_graph
-    return view
+class _Null:
+    """Falsy, empty, callable: what a model runner without optional features answers."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Null:
+        return _Null()
+
+    def __getattr__(self, name: str) -> _Null:
+        return _Null()
+
+    def __gt__(self, other: Any) -> bool:
+        return False
+
+    __lt__ = __ge__ = __le__ = __gt__
+
+    def __int__(self) -> int:
+        return 0
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+
+class ModelRunnerStandIn(SimpleNamespace):
+    def __getattr__(self, name: str) -> Any:
+        return _Null()
+
+
+def decode_tensors(batch: Any) -> None:
+    """STAND-IN for ``prepare_for_decode``: the per-request tensors a decode/idle batch carries into init_new."""
+    import torch
+
+    n = len(batch.reqs)
+    batch.input_ids = torch.ones((n,), dtype=torch.int64)
+    batch.seq_lens = torch.full((n,), 4, dtype=torch.int64)
+    batch.seq_lens_cpu = batch.seq_lens.clone()
+    batch.orig_seq_lens = batch.seq_lens.clone()
+    batch.req_pool_indices = torch.arange(n, dtype=torch.int64)
+    batch.out_cache_loc = torch.arange(n, dtype=torch.int64)
+    batch.seq_lens_sum = 4 * n
+
+
+def real_forward_batch(batch: Any, spec_algo: Any) -> Any:
+    """SGLang's real ``ForwardBatch.init_new`` (wrapped by the plugin when it is applied) on the synced batch."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    decode_tensors(batch)
+    runner = ModelRunnerStandIn(device="cpu", spec_algorithm=spec_algo)
+    init = ForwardBatch.init_new
+    kwargs = {"return_hidden_states_before_norm": False}
+    if "return_hidden_states_before_norm" not in inspect.signature(inspect.unwrap(init)).parameters:
+        kwargs = {}
+    return init(batch, runner, **kwargs)
 
 
 def draft_runner_standin(runner_cls: Any, spec_algo: Any) -> Any:
