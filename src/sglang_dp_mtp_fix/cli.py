@@ -98,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     doc = sub.add_parser("doctor", help="report what the plugin would do here (no GPU, SGLang not started)")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
+    sim = sub.add_parser("simulate", help="reproduce the hang and the fix on CPU ranks, stock vs patched")
+    sim.add_argument("--ranks", type=int, default=None, help="DP ranks, 2-8 (default 4, or the trace's width)")
+    sim.add_argument("--rounds", type=int, default=2000, help="decode rounds of the embedded trace (default 2000)")
+    sim.add_argument("--seed", type=int, default=0, help="seed of the embedded trace (default 0)")
+    sim.add_argument("--trace", type=str, default=None, help="JSON-lines trace file (schema: README)")
+    sim.add_argument("--json", action="store_true", help="machine-readable output")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -112,7 +118,30 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _print_text(data)
         return code
+    if args.command == "simulate":
+        return _simulate(args, parser)
     return 2
+
+
+def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from pathlib import Path
+
+    from sglang_dp_mtp_fix import simulate
+
+    ranks = args.ranks if args.ranks is not None else (None if args.trace else 4)
+    if ranks is not None and not 2 <= ranks <= 8:
+        parser.error(f"--ranks must be between 2 and 8 (got {ranks})")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    if args.trace and not Path(args.trace).is_file():
+        parser.error(f"--trace {args.trace}: no such file")
+    trace = Path(args.trace) if args.trace else None
+    data = simulate.simulate(ranks or 0, args.rounds, args.seed, trace, progress=not args.json)
+    if args.json:
+        print(json.dumps(data))
+    else:
+        simulate.print_table(data)
+    return 0
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ def _rank_main(rank: int, world: int, port: int, load_plugins: bool, inbox: Any,
         try:
             if command == "round":
                 result = r.run_round(payload)
+            elif command == "rounds":
+                result = r.run_rounds(payload)
             elif command == "plugin":
                 result = r.plugin(payload)
             else:
@@ -114,6 +116,11 @@ class RankPool:
     def round(self, states: list[dict[str, Any]], timeout: float | None = 120) -> list[dict[str, Any]]:
         assert len(states) == self.world
         return self._send("round", states, timeout)
+
+    def rounds(self, per_rank_states: list[list[dict[str, Any]]], timeout: float | None = 600) -> list[list[dict]]:
+        """Run len(per_rank_states[0]) rounds; returns one list of round results per rank."""
+        assert len(per_rank_states) == self.world
+        return self._send("rounds", per_rank_states, timeout)
 
     def plugin(self, command: str | list[str]) -> list[dict[str, Any]]:
         """'apply' / 'restore' on every rank, or one command per rank (a misconfigured-node scenario)."""

@@ -306,6 +306,90 @@ def draft_runner_standin(runner_cls: Any, spec_algo: Any) -> Any:
     return runner
 
 
+# Draft CUDA-graph batch sizes (the runner pads a replay up to the next captured size).
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+HIDDEN = 8  # row width of the emulated draft-step all-gathers
+DRAFT_STEPS = 3  # --speculative-num-steps of the reproduced deployment
+
+
+def graph_rows(max_tokens: int) -> int:
+    return next((b for b in GRAPH_BUCKETS if b >= max_tokens), max_tokens)
+
+
+class CollectiveCounter:
+    """Counts the torch.distributed collectives SGLang issues inside the MLP sync (harness instrumentation)."""
+
+    NAMES = ("all_gather_into_tensor", "all_gather", "all_reduce", "broadcast", "gather", "all_gather_single")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> CollectiveCounter:
+        import torch.distributed as dist
+
+        for name in self.NAMES:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            self._saved[name] = original
+
+            def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                self.count += 1
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch.distributed as dist
+
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+
+
+def path_collective(result: dict[str, Any]) -> dict[str, Any]:
+    """The draft step's collectives as this rank's chosen path would issue them.
+
+    Graph replay gathers rows padded to the captured batch size; the eager path gathers rows padded to the live
+    maximum. Ranks on different paths issue all-gathers of different sizes: NCCL hangs, gloo aborts the process.
+    So the harness first exchanges a fixed-size (path, rows) descriptor (its own pre-flight, not SGLang's) and only
+    issues the real all-gathers when every rank agrees; otherwise it reports the split, naming the ranks.
+    """
+    import torch
+    import torch.distributed as dist
+    from sglang.srt.distributed import parallel_state as ps
+
+    group = ps.get_tp_group().cpu_group
+    world = dist.get_world_size(group)
+    tokens = result.get("global_num_tokens") or [0]
+    graph = result.get("draft_path") == "graph"
+    rows = graph_rows(max(tokens)) if graph else max(tokens)
+    descriptor = torch.tensor([1 if graph else 0, rows], dtype=torch.int64)
+    gathered = torch.empty((world * 2,), dtype=torch.int64)
+    dist.all_gather_into_tensor(gathered, descriptor, group=group)
+    paths = [tuple(x) for x in gathered.view(world, 2).tolist()]
+    if len(set(paths)) > 1:
+        return {"collective": "split", "paths": paths}
+    for _ in range(DRAFT_STEPS):
+        out = torch.empty((world * rows, HIDDEN))
+        dist.all_gather_into_tensor(out, torch.full((rows, HIDDEN), float(_ctx["rank"])), group=group)
+    return {"collective": "ok", "paths": paths}
+
+
+def run_rounds(states: list[dict[str, Any]], collective: bool = True) -> list[dict[str, Any]]:
+    """Many rounds in a row (ranks stay in lock-step through SGLang's own sync); one reply for the batch."""
+    out = []
+    for state in states:
+        with CollectiveCounter() as counter:
+            result = run_round(state)
+        result["sync_collectives"] = counter.count
+        if collective and result.get("ran"):
+            result.update(path_collective(result))
+        out.append(result)
+    return out
+
+
 def plugin(command: str) -> dict[str, Any]:
     """apply / restore the plugin in this rank (all ranks do it together)."""
     from sglang_dp_mtp_fix import plugin as p

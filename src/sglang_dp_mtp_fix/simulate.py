@@ -1,0 +1,233 @@
+"""``sglang-dp-mtp-fix simulate``: the hang reproduced and fixed on CPU, stock vs patched on the same trace.
+
+N CPU rank processes (gloo) import the installed SGLang and run a PD-decode workload through its real code (see
+``harness/rank.py`` for exactly which decisions come from SGLang and which stand-ins are used). Each round every
+rank then performs the draft step's collectives as its chosen path would, so a split between graph and eager shows
+up as a collective mismatch naming the ranks. The same trace runs twice in the same rank processes: stock (plugin
+restored) and patched (plugin applied, exactly as ``load_plugins()`` applies it).
+
+Trace format (``--trace FILE``, JSON lines): one line per round, ``{"ranks": [STATE, ...]}`` with one STATE per rank:
+  kind: "none" | "idle" | "decode"        num_reqs: int >= 1 (decode)
+  seed: bool (DSA top-k seed present)      overlap: bool (overlap scheduling: future_indices set)
+  future_flag: bool (the future seed flag; default = seed)
+  merge_seedless_prebuilt: bool (a seeded running batch absorbs a seedless prebuilt batch)
+  seed_from_draft_extend: bool (default true)   has_draft_worker: bool (default true; false = non-last PP rank)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATE_KEYS = {
+    "kind", "num_reqs", "seed", "overlap", "future_flag", "merge_seedless_prebuilt", "seed_from_draft_extend",
+    "has_draft_worker",
+}  # fmt: skip
+CHUNK = 100
+
+REAL = [
+    "SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run (PD-decode round)",
+    "SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch + prepare_mlp_sync_batch_raw + MLPSyncBatchInfo.all_gather "
+    "(DP MLP sync over gloo: generic decode/verify/draft-extend vote, and the plugin's draft vote)",
+    "EagleDraftInput (+ merge_batch), ScheduleBatch, Req, ForwardBatch.init_new",
+    "EAGLEWorkerV2.requires_dp_attention_eager_forward (plugin), EAGLEDraftCudaGraphRunner.can_run_graph",
+]
+STAND_INS = [
+    "scheduler / DP-attention adapter shells (get_new_prebuilt_batch -> None, update_running_batch -> unchanged)",
+    "EAGLE worker, draft worker and draft graph runner made without __init__ (it loads models / captures graphs)",
+    "model runner for ForwardBatch.init_new (a null object), decode tensors of prepare_for_decode",
+    "the seedless guard of EagleDraftWorker.draft on the seed the FutureMap resolves (draft() needs a model)",
+    "draft-step collectives: 3 all-gathers padded to the graph bucket (graph) or to the live max (eager)",
+]
+
+
+def generate_trace(ranks: int, rounds: int, seed: int) -> list[list[dict[str, Any]]]:
+    """Embedded default: idle ranks, PD arrivals without seeds in ~10 % of rounds, overlap-style merges."""
+    rng = random.Random(seed)
+    trace = []
+    for _ in range(rounds):
+        states = []
+        for _r in range(ranks):
+            roll = rng.random()
+            if roll < 0.30:
+                states.append({"kind": "none"})
+            elif roll < 0.40:
+                states.append({"kind": "idle"})
+            else:
+                states.append({"kind": "decode", "num_reqs": rng.randint(1, 7), "seed": True, "overlap": True})
+        if rng.random() < 0.10:  # a PD arrival without a DSA seed lands on one rank
+            active = [i for i, s in enumerate(states) if s["kind"] == "decode"] or [rng.randrange(ranks)]
+            i = rng.choice(active)
+            if states[i]["kind"] == "decode" and rng.random() < 0.5:
+                states[i]["merge_seedless_prebuilt"] = True  # seeded running batch absorbs it (overlap merge)
+            else:
+                states[i] = {"kind": "decode", "num_reqs": rng.randint(1, 3), "seed": False, "overlap": True}
+        trace.append(states)
+    return trace
+
+
+def load_trace(path: Path, ranks: int | None) -> list[list[dict[str, Any]]]:
+    trace = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            states = row["ranks"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f'{path}:{lineno}: not a trace line ({exc}); expected {{"ranks": [STATE, ...]}}') from None
+        for state in states:
+            unknown = set(state) - STATE_KEYS
+            if unknown or state.get("kind", "decode") not in ("none", "idle", "decode"):
+                raise SystemExit(f"{path}:{lineno}: bad rank state {state} (keys: {sorted(STATE_KEYS)})")
+        if trace and len(states) != len(trace[0]):
+            raise SystemExit(f"{path}:{lineno}: {len(states)} ranks, earlier lines have {len(trace[0])}")
+        trace.append(states)
+    if not trace:
+        raise SystemExit(f"{path}: empty trace")
+    if ranks is not None and ranks != len(trace[0]):
+        raise SystemExit(f"{path}: the trace has {len(trace[0])} ranks, --ranks says {ranks}")
+    return trace
+
+
+@dataclass
+class Arm:
+    rounds: int = 0
+    rounds_with_batches: int = 0
+    divergent_rounds: int = 0
+    hangs: int = 0
+    generic_graph_rate: float = 0.0
+    draft_graph_rate: float = 0.0
+    draft_eager_rounds: int = 0
+    draft_eager_causes: dict[str, int] = field(default_factory=dict)
+    collectives_per_round: float = 0.0
+    median_round_ms: float = 0.0
+    hang_examples: list[str] = field(default_factory=list)
+
+
+def summarize(per_rank: list[list[dict[str, Any]]], wall_ms: list[float]) -> Arm:
+    arm = Arm(rounds=len(per_rank[0]))
+    generic = draft = 0
+    causes: Counter[str] = Counter()
+    collectives = []
+    for i in range(arm.rounds):
+        results = [rank_results[i] for rank_results in per_rank]
+        ran = [r for r in results if r.get("ran")]
+        collectives.append(max(r.get("sync_collectives", 0) for r in results))
+        if not ran:
+            continue
+        arm.rounds_with_batches += 1
+        paths = {r["draft_path"] for r in ran}
+        decode_votes = {r["decode_graph"] for r in ran}
+        if len(paths) > 1 or len(decode_votes) > 1:
+            arm.divergent_rounds += 1
+        if any(r.get("collective") == "split" for r in ran):
+            arm.hangs += 1
+            if len(arm.hang_examples) < 3:
+                graph = [r["rank"] for r in ran if r["draft_path"] == "graph"]
+                eager = [r["rank"] for r in ran if r["draft_path"] == "eager"]
+                arm.hang_examples.append(f"round {i}: ranks {graph} replay the draft graph, ranks {eager} run eager")
+        if decode_votes == {True}:
+            generic += 1
+        if paths == {"graph"}:
+            draft += 1
+        else:
+            arm.draft_eager_rounds += 1
+            for r in ran:
+                if r["draft_path"] == "eager":
+                    causes[r["eager_cause"]] += 1
+    n = max(arm.rounds_with_batches, 1)
+    arm.generic_graph_rate = round(generic / n, 4)
+    arm.draft_graph_rate = round(draft / n, 4)
+    arm.draft_eager_causes = dict(causes)
+    arm.collectives_per_round = round(statistics.mean(collectives), 3) if collectives else 0.0
+    arm.median_round_ms = round(statistics.median(wall_ms), 3) if wall_ms else 0.0
+    return arm
+
+
+def run_arm(pool: Any, trace: list[list[dict[str, Any]]], label: str, progress: bool) -> Arm:
+    per_rank: list[list[dict[str, Any]]] = [[] for _ in range(pool.world)]
+    wall_ms: list[float] = []
+    for start in range(0, len(trace), CHUNK):
+        chunk = trace[start : start + CHUNK]
+        t0 = time.perf_counter()
+        results = pool.rounds([[states[r] for states in chunk] for r in range(pool.world)])
+        elapsed = (time.perf_counter() - t0) * 1e3
+        for r in range(pool.world):
+            per_rank[r].extend(results[r])
+        wall_ms.extend([elapsed / len(chunk)] * len(chunk))
+        if progress:
+            done = min(start + CHUNK, len(trace))
+            bar = "#" * (30 * done // len(trace))
+            print(f"\r  {label:<8} [{bar:<30}] {done}/{len(trace)} rounds", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return summarize(per_rank, wall_ms)
+
+
+def simulate(ranks: int, rounds: int, seed: int, trace_path: Path | None, progress: bool) -> dict[str, Any]:
+    from sglang_dp_mtp_fix.harness.pool import RankPool
+
+    trace = load_trace(trace_path, ranks if ranks else None) if trace_path else generate_trace(ranks, rounds, seed)
+    world = len(trace[0])
+    if progress:
+        print(f"starting {world} CPU ranks (gloo) with the installed SGLang ...", file=sys.stderr)
+    with RankPool(world, load_plugins=True, env={"SGLANG_PLUGINS": "dp_mtp_fix"}) as pool:
+        statuses = pool.setup and pool.plugin("apply")[0]["statuses"]
+        version = pool.setup[0]["sglang"]
+        applied = bool(statuses) and set(statuses.values()) == {"applied"}
+        pool.plugin("restore")
+        stock = run_arm(pool, trace, "stock", progress)
+        patched = None
+        if applied:
+            pool.plugin("apply")
+            patched = run_arm(pool, trace, "patched", progress)
+            pool.plugin("restore")
+    return {
+        "sglang_version": version,
+        "ranks": world,
+        "rounds": len(trace),
+        "plugin_statuses": statuses,
+        "stock": asdict(stock),
+        "patched": asdict(patched) if patched else None,
+        "patched_note": None if applied else f"the plugin stands down on SGLang {version}: {statuses}",
+        "real_sglang": REAL,
+        "stand_ins": STAND_INS,
+    }
+
+
+def print_table(data: dict[str, Any]) -> None:
+    stock, patched = data["stock"], data["patched"]
+    print(f"SGLang {data['sglang_version']}, {data['ranks']} DP ranks (CPU, gloo), {data['rounds']} decode rounds")
+    rows = [
+        ("rounds with a batch on some rank", "rounds_with_batches", "{}"),
+        ("rounds with divergent decisions", "divergent_rounds", "{}"),
+        ("hangs (collective split)", "hangs", "{}"),
+        ("generic-graph rate", "generic_graph_rate", "{:.1%}"),
+        ("draft-graph rate", "draft_graph_rate", "{:.1%}"),
+        ("draft-eager rounds", "draft_eager_rounds", "{}"),
+        ("MLP-sync collectives per round", "collectives_per_round", "{:.2f}"),
+        ("median time per round (ms)", "median_round_ms", "{:.2f}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"  {'':<{width}}  {'stock':>12}  {'patched':>12}")
+    for label, key, fmt in rows:
+        right = fmt.format(patched[key]) if patched else "-"
+        print(f"  {label:<{width}}  {fmt.format(stock[key]):>12}  {right:>12}")
+    for name, arm in (("stock", stock), ("patched", patched)):
+        if arm and arm["draft_eager_causes"]:
+            causes = ", ".join(f"{k}: {v}" for k, v in sorted(arm["draft_eager_causes"].items()))
+            print(f"  draft-eager rank-rounds by cause ({name}): {causes}")
+    for example in stock["hang_examples"]:
+        print(f"  stock hang: {example}")
+    if data["patched_note"]:
+        print(f"  patched arm not run: {data['patched_note']}")
+    print("  decisions from SGLang's real code: " + "; ".join(data["real_sglang"]))
+    print("  stand-ins: " + "; ".join(data["stand_ins"]))
