@@ -2,6 +2,7 @@
 
 ``SGLANG_DP_MTP_FIX``       auto (default) | off (kill switch; SGLang's false spellings accepted) | strict
 ``SGLANG_DP_MTP_FIX_SKIP``  comma-separated patch ids to leave out (unknown ids are an error)
+``SGLANG_DP_MTP_FIX_STATS`` log vote counters every N decode batches (unset/empty/0: off)
 
 A bad value is never guessed at: it raises :class:`ConfigError` naming the variable and the accepted values, and the
 plugin leaves SGLang stock (``auto``) or stops the process (``strict``).
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 MODE_ENV = "SGLANG_DP_MTP_FIX"
 SKIP_ENV = "SGLANG_DP_MTP_FIX_SKIP"
+STATS_ENV = "SGLANG_DP_MTP_FIX_STATS"
 
 # SGLang's own boolean parsing (sglang.srt.utils.get_bool_env_var / envs) treats these as false.
 _FALSE_SPELLINGS = frozenset({"off", "0", "false", "no", "n", "f", "disable", "disabled"})
@@ -36,6 +38,7 @@ class ConfigError(ValueError):
 class Config:
     mode: Mode = Mode.AUTO
     skip: frozenset[str] = frozenset()
+    stats_every: int | None = None
     # Set when the config could not be parsed: the plugin then stays stock (auto) or stops (strict).
     error: str | None = None
 
@@ -81,6 +84,19 @@ def parse_skip(raw: str | None, known_ids: Iterable[str]) -> frozenset[str]:
     return frozenset(ids)
 
 
+def parse_stats(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    value = _clean(STATS_ENV, raw)
+    if value in ("", "0"):
+        return None
+    if not value.isdigit() or int(value) > 10_000_000:
+        raise ConfigError(
+            f"{STATS_ENV}={raw!r} is not a batch count; accepted values: an integer 1..10000000, or 0/empty (off)"
+        )
+    return int(value)
+
+
 def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = None) -> Config:
     """Parse the environment. Never raises: a bad value yields ``Config(error=...)``.
 
@@ -94,6 +110,7 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
         return Config(mode=Mode.AUTO, error=str(exc))
     try:
         skip = parse_skip(env.get(SKIP_ENV), known_ids)
+        stats_every = parse_stats(env.get(STATS_ENV))
     except ConfigError as exc:
         return Config(mode=mode, error=str(exc))
-    return Config(mode=mode, skip=skip)
+    return Config(mode=mode, skip=skip, stats_every=stats_every)

@@ -92,6 +92,8 @@ class Patch:
     def classify(self) -> None:
         """Raise ``Verdict`` when the installed SGLang already has the fix or is not affected."""
 
+    config: Config = Config()  # set by the manager before ``replacements`` (load-time choices such as stats)
+
     def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
         """New values for WRAP and ADD targets. Keep originals in closures, never in module globals."""
         raise NotImplementedError
@@ -327,6 +329,7 @@ class PatchManager:
             to_apply = [p for p in self.patches if p.id in resolved]
             try:
                 for p in to_apply:
+                    p.config = config
                     self._apply_patch(p, resolved[p.id])
                 self._verify()
             except Exception as exc:  # noqa: BLE001 - roll back and stay stock

@@ -186,9 +186,11 @@ def simulate(ranks: int, rounds: int, seed: int, trace_path: Path | None, progre
         pool.plugin("restore")
         stock = run_arm(pool, trace, "stock", progress)
         patched = None
+        counters = None
         if applied:
-            pool.plugin("apply")
+            pool.plugin({"command": "apply", "env": {"SGLANG_DP_MTP_FIX_STATS": "10000000"}})
             patched = run_arm(pool, trace, "patched", progress)
+            counters = [r["stats"] for r in pool.plugin("stats")]
             pool.plugin("restore")
     return {
         "sglang_version": version,
@@ -197,6 +199,7 @@ def simulate(ranks: int, rounds: int, seed: int, trace_path: Path | None, progre
         "plugin_statuses": statuses,
         "stock": asdict(stock),
         "patched": asdict(patched) if patched else None,
+        "patched_vote_counters_per_rank": counters,
         "patched_note": None if applied else f"the plugin stands down on SGLang {version}: {statuses}",
         "real_sglang": REAL,
         "stand_ins": STAND_INS,

@@ -122,9 +122,9 @@ class RankPool:
         assert len(per_rank_states) == self.world
         return self._send("rounds", per_rank_states, timeout)
 
-    def plugin(self, command: str | list[str]) -> list[dict[str, Any]]:
-        """'apply' / 'restore' on every rank, or one command per rank (a misconfigured-node scenario)."""
-        commands = [command] * self.world if isinstance(command, str) else command
+    def plugin(self, command: str | dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
+        """'apply' / 'restore' / 'stats' on every rank, or one command per rank (a misconfigured-node scenario)."""
+        commands = command if isinstance(command, list) else [command] * self.world
         return self._send("plugin", commands)
 
     def close(self) -> None:

@@ -132,6 +132,10 @@ def _draft_input(seed: bool, overlap: bool, future_flag: bool | None, n: int) ->
     if overlap:
         di.future_indices = torch.arange(n)
         di.future_dsa_topk_indices_available = seed if future_flag is None else future_flag
+    if "cuda_graph_compatible" in getattr(type(di), "__dataclass_fields__", {}):
+        # 0.5.21+: STAND-IN for the PD producer (build_eagle_disagg_draft_input), which marks a seedless input
+        # as not draft-graph compatible; merge_batch then ANDs it like the future flag.
+        di.cuda_graph_compatible = seed if future_flag is None else bool(future_flag)
     return di
 
 
@@ -390,12 +394,36 @@ def run_rounds(states: list[dict[str, Any]], collective: bool = True) -> list[di
     return out
 
 
-def plugin(command: str) -> dict[str, Any]:
-    """apply / restore the plugin in this rank (all ranks do it together)."""
-    from sglang_dp_mtp_fix import plugin as p
+def plugin(command: str | dict[str, Any]) -> dict[str, Any]:
+    """apply / restore the plugin in this rank (all ranks do it together), or read its vote counters.
 
+    ``{"command": "apply", "env": {...}}`` applies under extra environment variables (e.g. the stats switch).
+    """
+    from sglang_dp_mtp_fix import plugin as p
+    from sglang_dp_mtp_fix import stats
+
+    env: dict[str, str] = {}
+    if isinstance(command, dict):
+        env = dict(command.get("env") or {})
+        command = command["command"]
+    if command == "stats":
+        counters = stats.active()
+        return {"rank": _ctx["rank"], "stats": counters.total.as_dict() if counters else None}
     if command == "apply":
-        outcomes = p.register()
+        saved = {k: os.environ.get(k) for k in env}
+        if env:
+            p.restore()  # the configuration is read at application: re-apply under the new environment
+            stats.activate(None)
+        os.environ.update(env)
+        try:
+            outcomes = p.register()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         return {"rank": _ctx["rank"], "statuses": {o.id: o.status.value for o in outcomes}}
     p.restore()
+    stats.activate(None)
     return {"rank": _ctx["rank"], "statuses": {}}

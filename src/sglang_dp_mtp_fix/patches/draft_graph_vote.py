@@ -32,6 +32,7 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_dp_mtp_fix import stats
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target, wraps_original
 from sglang_dp_mtp_fix.patches._detect import classify_group
 
@@ -177,12 +178,34 @@ class DraftGraphVote(Patch):
                 sync.group_vote = group_vote
             return result
 
-        @wraps_original(update_batch)
-        def _update_gather_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            result = update_batch(batch, *args, **kwargs)
-            sync = _sync_round.get()
-            setattr(batch, VOTE_ATTR, True if sync is None else sync.result())
-            return result
+        # Decided at load: without SGLANG_DP_MTP_FIX_STATS the wrapper carries no counting code at all.
+        counters = stats.activate(self.config.stats_every)
+        generic_field = (
+            "can_run_decode_cuda_graph" if "can_run_decode_cuda_graph" in fields else "can_run_dp_cuda_graph"
+        )
+
+        if counters is None:
+
+            @wraps_original(update_batch)
+            def _update_gather_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
+                result = update_batch(batch, *args, **kwargs)
+                sync = _sync_round.get()
+                setattr(batch, VOTE_ATTR, True if sync is None else sync.result())
+                return result
+
+        else:
+
+            @wraps_original(update_batch)
+            def _update_gather_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
+                result = update_batch(batch, *args, **kwargs)
+                sync = _sync_round.get()
+                vote = True if sync is None else sync.result()
+                setattr(batch, VOTE_ATTR, vote)
+                if batch.forward_mode.is_decode_or_idle():
+                    counters.record(
+                        bool(getattr(batch, generic_field, False)), vote, True if sync is None else sync.local_vote
+                    )
+                return result
 
         @wraps_original(forward_init)
         def init_new(cls: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,73 @@
+"""Opt-in vote counters (``SGLANG_DP_MTP_FIX_STATS=<N>``): every N decode batches a rank logs one line.
+
+Decided at load: with the variable unset the vote wrappers are built without any counting code (zero cost).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+logger = logging.getLogger("sglang_dp_mtp_fix.stats")
+
+OWN_SEEDLESS = "own seedless batch"
+OTHER_RANK = "another rank's vote"
+
+
+@dataclass
+class Totals:
+    decode_batches: int = 0
+    generic_graph_true: int = 0
+    generic_graph_false: int = 0
+    draft_graph_true: int = 0
+    draft_graph_false: int = 0
+    eager_own_seedless: int = 0
+    eager_other_rank_vote: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class VoteStats:
+    def __init__(self, every: int):
+        self.every = every
+        self.window = Totals()
+        self.total = Totals()
+
+    def record(self, generic_graph: bool, draft_graph: bool, local_vote: bool) -> None:
+        for t in (self.window, self.total):
+            t.decode_batches += 1
+            if generic_graph:
+                t.generic_graph_true += 1
+            else:
+                t.generic_graph_false += 1
+            if draft_graph:
+                t.draft_graph_true += 1
+            else:
+                t.draft_graph_false += 1
+                if not local_vote:
+                    t.eager_own_seedless += 1
+                else:
+                    t.eager_other_rank_vote += 1
+        if self.window.decode_batches >= self.every:
+            w = self.window
+            logger.info(
+                "sglang-dp-mtp-fix stats (last %d decode batches): generic graph true=%d false=%d; "
+                "draft graph true=%d false=%d; eager draft by cause: %s=%d, %s=%d",
+                w.decode_batches, w.generic_graph_true, w.generic_graph_false, w.draft_graph_true,
+                w.draft_graph_false, OWN_SEEDLESS, w.eager_own_seedless, OTHER_RANK, w.eager_other_rank_vote,
+            )  # fmt: skip
+            self.window = Totals()
+
+
+_active: VoteStats | None = None
+
+
+def activate(every: int | None) -> VoteStats | None:
+    global _active
+    _active = VoteStats(every) if every else None
+    return _active
+
+
+def active() -> VoteStats | None:
+    return _active

@@ -1,0 +1,62 @@
+"""Vote counters (SGLANG_DP_MTP_FIX_STATS): exact counts for a scripted trace on 4 real ranks; off by default."""
+
+from __future__ import annotations
+
+from conftest import affected_only
+
+from sglang_dp_mtp_fix import stats
+
+pytestmark = affected_only
+
+SEEDED = dict(kind="decode", seed=True)
+SEEDLESS = dict(kind="decode", seed=False)
+NONE = dict(kind="none")
+IDLE = dict(kind="idle")
+
+SCRIPT = [
+    [SEEDED, SEEDED, SEEDED, SEEDED],  # draft graph everywhere
+    [SEEDLESS, NONE, IDLE, SEEDED],  # rank 0 seedless -> everyone eager
+    [NONE, NONE, NONE, NONE],  # nothing runs anywhere: no decode batch, nothing counted
+    [SEEDED, SEEDLESS, SEEDLESS, NONE],  # ranks 1, 2 seedless
+    [SEEDED, NONE, IDLE, NONE],
+]
+
+
+def test_exact_counts_for_a_scripted_trace(rank_pool):
+    rank_pool.plugin({"command": "apply", "env": {"SGLANG_DP_MTP_FIX_STATS": "1000"}})
+    try:
+        for states in SCRIPT:
+            rank_pool.round(states)
+        totals = [r["stats"] for r in rank_pool.plugin("stats")]
+    finally:
+        rank_pool.plugin("restore")
+    # Each rank counts every round in which it ran a batch (4 of the 5 rounds; round 3 had no batch anywhere).
+    common = dict(
+        decode_batches=4, generic_graph_true=4, generic_graph_false=0, draft_graph_true=2, draft_graph_false=2
+    )
+    assert totals[0] == {**common, "eager_own_seedless": 1, "eager_other_rank_vote": 1}
+    assert totals[1] == {**common, "eager_own_seedless": 1, "eager_other_rank_vote": 1}
+    assert totals[2] == {**common, "eager_own_seedless": 1, "eager_other_rank_vote": 1}
+    assert totals[3] == {**common, "eager_own_seedless": 0, "eager_other_rank_vote": 2}
+
+
+def test_counters_are_off_unless_asked(rank_pool):
+    rank_pool.plugin("apply")
+    try:
+        rank_pool.round([SEEDED, SEEDED, SEEDED, SEEDED])
+        assert [r["stats"] for r in rank_pool.plugin("stats")] == [None] * 4
+    finally:
+        rank_pool.plugin("restore")
+
+
+def test_a_line_every_n_batches(caplog):
+    counters = stats.VoteStats(every=2)
+    with caplog.at_level("INFO", logger="sglang_dp_mtp_fix.stats"):
+        counters.record(True, True, True)
+        assert not caplog.records
+        counters.record(True, False, False)
+    assert len(caplog.records) == 1
+    line = caplog.records[0].getMessage()
+    assert "last 2 decode batches" in line and "draft graph true=1 false=1" in line
+    assert "own seedless batch=1" in line and "another rank's vote=0" in line
+    assert counters.window.decode_batches == 0 and counters.total.decode_batches == 2
