@@ -139,6 +139,16 @@ def _draft_input(seed: bool, overlap: bool, future_flag: bool | None, n: int) ->
     return di
 
 
+def _guard_exists() -> bool:
+    if "guard" not in _ctx:
+        from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+        from sglang_dp_mtp_fix.patches._detect import _has_seedless_eager_fallback
+
+        _ctx["guard"] = _has_seedless_eager_fallback(EagleDraftWorker.draft)
+    return bool(_ctx["guard"])
+
+
 def resolved_seed_present(spec_info: Any) -> bool:
     """The seed ``FutureMap._resolve_spec_extras`` leaves for the draft guard (flag decides under overlap)."""
     if getattr(spec_info, "future_indices", None) is not None:
@@ -213,7 +223,10 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     view = real_forward_batch(run_batch, spec_algo)
     runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, spec_algo)
     runner_graph = bool(runner.can_run_graph(view))
-    seed_flag = bool(state.get("seed_from_draft_extend", True)) and state.get("has_draft_worker", True)
+    # The guard exists from 0.5.15.post1 (#30839); on older releases a seedless draft replays the graph.
+    seed_flag = (
+        bool(state.get("seed_from_draft_extend", True)) and state.get("has_draft_worker", True) and _guard_exists()
+    )
     spec_info = getattr(run_batch, "spec_info", None)
     guard_eager = (not is_idle) and seed_flag and spec_info is not None and not resolved_seed_present(spec_info)
     draft_graph = runner_graph and not guard_eager

@@ -1,0 +1,71 @@
+"""``sglang-dp-mtp-fix simulate`` end to end (short traces): the stock split and the patched fix, JSON that adds up."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import expected_status, requires_sglang
+
+pytestmark = requires_sglang
+
+
+def simulate(*args: str) -> dict:
+    exe = shutil.which("sglang-dp-mtp-fix", path=os.path.dirname(sys.executable))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    proc = subprocess.run([exe, "simulate", "--json", *args], env=clean, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def check_arm(arm: dict, rounds: int) -> None:
+    assert arm["rounds"] == rounds
+    assert 0 <= arm["generic_graph_rate"] <= 1 and 0 <= arm["draft_graph_rate"] <= 1
+    assert arm["divergent_rounds"] <= arm["rounds_with_batches"] <= rounds
+    graph_rounds = round(arm["draft_graph_rate"] * arm["rounds_with_batches"])
+    assert graph_rounds + arm["draft_eager_rounds"] == arm["rounds_with_batches"]
+    assert arm["hangs"] <= arm["divergent_rounds"]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_simulate_stock_splits_and_patched_does_not(ranks):
+    rounds = 150
+    data = simulate("--ranks", str(ranks), "--rounds", str(rounds), "--seed", "7")
+    assert data["ranks"] == ranks and data["rounds"] == rounds
+    check_arm(data["stock"], rounds)
+    if expected_status() == "applied":
+        check_arm(data["patched"], rounds)
+        assert data["stock"]["divergent_rounds"] > 0 and data["stock"]["hangs"] > 0
+        assert data["patched"]["divergent_rounds"] == 0 and data["patched"]["hangs"] == 0
+        assert data["patched"]["generic_graph_rate"] == 1.0  # the draft vote never costs the generic graph
+        assert data["patched"]["collectives_per_round"] == data["stock"]["collectives_per_round"]
+        counters = data["patched_vote_counters_per_rank"]
+        assert len(counters) == ranks and all(c["decode_batches"] > 0 for c in counters)
+    else:
+        assert data["patched"] is None
+        assert data["stock"]["divergent_rounds"] == 0  # superseded upstream, or the bug cannot happen
+
+
+def test_trace_file_round_trip(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    rows = [
+        {"ranks": [{"kind": "decode", "seed": False}, {"kind": "none"}]},
+        {"ranks": [{"kind": "decode", "seed": True}, {"kind": "idle"}]},
+    ]
+    trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    data = simulate("--trace", str(trace))
+    assert data["ranks"] == 2 and data["rounds"] == 2
+    if expected_status() == "applied":
+        assert data["stock"]["divergent_rounds"] == 1 and data["patched"]["divergent_rounds"] == 0
+
+
+def test_bad_trace_is_a_clear_error(tmp_path):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"ranks": [{"kind": "decode", "sed": true}]}\n')
+    exe = shutil.which("sglang-dp-mtp-fix", path=os.path.dirname(sys.executable))
+    proc = subprocess.run([exe, "simulate", "--trace", str(trace)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "bad rank state" in proc.stderr + proc.stdout
