@@ -1,0 +1,162 @@
+"""Benchmarks: patched vs stock SGLang side by side in one run, reported as medians and ratios.
+
+Run inside a venv built by tools/mkvenv.sh (``bench/run.sh RELEASE`` does that) on an otherwise idle machine:
+  1. collectives per decode round in SGLang's MLP sync (goal: ratio 1.00, no added collective);
+  2. CPU time of the PD-decode round + MLP sync path, and of EAGLEDraftCudaGraphRunner.can_run_graph (goal <= 1.05x);
+  3. plugin activation time per process beyond SGLang's own import (goal <= 50 ms);
+  4. generic-graph and draft-graph rates on the embedded trace, against the correctness-first alternative that folds
+     the seedless fallback into the generic vote (must keep 100 % generic where every rank is eligible).
+Writes bench/results/<release>.json and prints a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+import timeit
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SEEDED = dict(kind="decode", seed=True, overlap=True, num_reqs=3)
+SEEDLESS = dict(kind="decode", seed=False, overlap=True, num_reqs=2)
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def sync_path(pool, rounds: int) -> dict:
+    """Median ms of SGLang's PD-decode round + MLP sync per rank, stock vs patched, interleaved blocks."""
+    states = [[SEEDED if (i + r) % 5 else SEEDLESS for i in range(rounds)] for r in range(pool.world)]
+    samples = {"stock": [], "patched": []}
+    collectives = {"stock": [], "patched": []}
+    for block in range(6):
+        for arm in ("stock", "patched") if block % 2 == 0 else ("patched", "stock"):
+            pool.plugin("restore" if arm == "stock" else "apply")
+            results = pool.rounds(states)
+            samples[arm].extend(res["sync_ms"] for rank in results for res in rank)
+            collectives[arm].extend(res["sync_collectives"] for rank in results for res in rank)
+    pool.plugin("restore")
+    med = {arm: statistics.median(v) for arm, v in samples.items()}
+    coll = {arm: statistics.mean(v) for arm, v in collectives.items()}
+    return {
+        "median_ms": med,
+        "ratio": round(med["patched"] / med["stock"], 3),
+        "collectives_per_round": coll,
+        "collectives_ratio": round(coll["patched"] / coll["stock"], 3) if coll["stock"] else None,
+        "samples_per_arm": len(samples["stock"]),
+    }
+
+
+def can_run_graph_time() -> dict:
+    """In-process timing of the real can_run_graph on the real class (stand-in instance), stock vs patched."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_dp_mtp_fix import plugin
+    from sglang_dp_mtp_fix.harness.rank import draft_runner_standin
+
+    runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, SpeculativeAlgorithm.from_string("EAGLE"))
+    fb = SimpleNamespace(
+        spec_info=None, batch_size=3, global_num_tokens_cpu=[3, 0, 2, 1], original_global_num_tokens_cpu=[3, 0, 2, 1],
+        can_run_dp_cuda_graph=True, can_run_decode_cuda_graph=True, can_run_dp_draft_cuda_graph=True,
+    )  # fmt: skip
+    out = {"stock": [], "patched": []}
+    for block in range(10):
+        for arm in ("stock", "patched") if block % 2 == 0 else ("patched", "stock"):
+            plugin.restore() if arm == "stock" else plugin.register()
+            n = 20000
+            out[arm].append(timeit.timeit(lambda: runner.can_run_graph(fb), number=n) / n * 1e9)
+    plugin.restore()
+    med = {arm: statistics.median(v) for arm, v in out.items()}
+    return {"median_ns": med, "ratio": round(med["patched"] / med["stock"], 3)}
+
+
+ACTIVATION = """
+import json, time
+import sglang.srt.managers.scheduler  # what a scheduler process has imported before load_plugins()
+t0 = time.perf_counter()
+from sglang_dp_mtp_fix import plugin
+outcomes = plugin.register()
+print(json.dumps({"ms": (time.perf_counter() - t0) * 1e3, "statuses": [o.status.value for o in outcomes]}))
+"""
+
+
+def activation_time(repeats: int = 5) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DP_MTP_FIX")}
+    runs = []
+    for _ in range(repeats):
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(ACTIVATION)], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1])["ms"])
+    return {"median_ms": round(statistics.median(runs), 2), "runs_ms": [round(r, 2) for r in runs]}
+
+
+def graph_rates(rounds: int, ranks: int) -> dict:
+    from sglang_dp_mtp_fix import simulate
+
+    data = simulate.simulate(ranks, rounds, 0, None, progress=False)
+    patched, stock = data["patched"], data["stock"]
+    # The correctness-first alternative folds the seedless fallback into the generic vote: every round whose draft
+    # vote is "no" also loses target-verify/draft-extend graphs, i.e. generic rate == draft rate on the same trace.
+    folded_generic = round(1 - patched["draft_eager_rounds"] / patched["rounds_with_batches"], 4)
+    return {
+        "rounds": rounds,
+        "ranks": ranks,
+        "ours": {"generic_graph_rate": patched["generic_graph_rate"], "draft_graph_rate": patched["draft_graph_rate"]},
+        "folded_alternative": {"generic_graph_rate": folded_generic, "draft_graph_rate": patched["draft_graph_rate"]},
+        "stock": {
+            "generic_graph_rate": stock["generic_graph_rate"],
+            "draft_graph_rate": stock["draft_graph_rate"],
+            "hangs": stock["hangs"],
+        },  # fmt: skip
+        "median_round_ms": {"stock": stock["median_round_ms"], "patched": patched["median_round_ms"]},
+    }
+
+
+def main() -> None:
+    from importlib.metadata import version
+
+    from sglang_dp_mtp_fix.harness.pool import RankPool
+
+    release = version("sglang")
+    t0 = time.time()
+    result = {"sglang_version": release, "machine": machine(), "date": time.strftime("%Y-%m-%d")}
+    with RankPool(4, load_plugins=True, env={"SGLANG_PLUGINS": "dp_mtp_fix"}) as pool:
+        result["mlp_sync_path"] = sync_path(pool, rounds=200)
+    result["can_run_graph"] = can_run_graph_time()
+    result["activation"] = activation_time()
+    result["graph_rates"] = graph_rates(rounds=2000, ranks=4)
+    result["wall_s"] = round(time.time() - t0, 1)
+    out = HERE / "results" / f"{release}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    s, c, a, g = result["mlp_sync_path"], result["can_run_graph"], result["activation"], result["graph_rates"]
+    print(f"SGLang {release} on {result['machine']['cpu']} ({result['machine']['cores']} cores)")
+    print(f"  MLP-sync collectives per decode round: stock {s['collectives_per_round']['stock']:.2f}, "
+          f"patched {s['collectives_per_round']['patched']:.2f} (ratio {s['collectives_ratio']})")  # fmt: skip
+    print(f"  PD-decode round + MLP sync, median per rank: stock {s['median_ms']['stock']:.3f} ms, "
+          f"patched {s['median_ms']['patched']:.3f} ms (ratio {s['ratio']})")  # fmt: skip
+    print(f"  can_run_graph: stock {c['median_ns']['stock']:.0f} ns, patched {c['median_ns']['patched']:.0f} ns "
+          f"(ratio {c['ratio']})")  # fmt: skip
+    print(f"  plugin activation beyond SGLang's import: median {a['median_ms']} ms")
+    print(f"  generic-graph rate: ours {g['ours']['generic_graph_rate']:.1%}, folded alternative "
+          f"{g['folded_alternative']['generic_graph_rate']:.1%}; draft-graph rate {g['ours']['draft_graph_rate']:.1%}; "
+          f"stock hangs {g['stock']['hangs']} / {g['rounds']} rounds")  # fmt: skip
+    print(f"  wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
