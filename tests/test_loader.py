@@ -136,3 +136,41 @@ def test_report_is_deferred_until_scheduler_init_when_logging_is_not_live():
     )
     proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, post=post)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+HOOK_ON_SYNC = """
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+CALLS = []
+def around(original_fn, *args, **kwargs):
+    CALLS.append(1)
+    return original_fn(*args, **kwargs)
+HookRegistry.register("sglang.srt.managers.scheduler_components.dp_attn._update_gather_batch", around, HookType.AROUND)
+"""
+
+CHAIN = """
+from sglang.srt.managers.scheduler_components import dp_attn
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+live = dp_attn._update_gather_batch
+inner = getattr(live, "__wrapped__", None)
+assert getattr(inner, "__sglang_dp_mtp_fix_patch__", None) == "draft_graph_vote", "ours must sit under the hook"
+class Info: pass
+info = Info(); info.num_tokens = 1; info.num_tokens_for_logprob = 1
+for name in ("can_cuda_graph", "can_run_decode_cuda_graph", "can_run_breakable_cuda_graph",
+             "can_run_prefill_cuda_graph", "prefill_cuda_graph_max_prefix_len", "is_extend_in_batch",
+             "tbo_split_seq_index", "global_forward_mode"):
+    setattr(info, name, 0)
+batch = ScheduleBatch(reqs=[])
+live(batch, info, False)
+assert CALLS == [1] and batch.can_run_dp_draft_cuda_graph is True  # both layers ran
+from sglang_dp_mtp_fix import plugin
+plugin.restore()
+assert dp_attn._update_gather_batch is live, "restore must not clobber another plugin's hook"
+"""
+
+
+def test_hook_registry_hooks_from_another_plugin_wrap_ours_and_survive_restore():
+    if expected_status() != "applied":
+        pytest.skip("nothing is patched on this release")
+    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, pre=HOOK_ON_SYNC, post=CHAIN)
+    assert proc.returncode == 0, proc.stderr[-3000:]  # CHAIN asserts the layering, both calls and the restore
+    assert "not restored because another hook wraps them now" in proc.stderr

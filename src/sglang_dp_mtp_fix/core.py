@@ -27,6 +27,7 @@ from sglang_dp_mtp_fix.config import Config, Mode
 # Releases the patches were written against: a target fingerprint must have been seen in one of these.
 AFFECTED_RELEASES = ("0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20")
 MARKER = "__sglang_dp_mtp_fix_patch__"
+_MISSING = object()
 
 
 class Status(str, enum.Enum):
@@ -375,19 +376,35 @@ class PatchManager:
                 if stale:
                     raise RuntimeError(f"stale copies of {ch.attr} remain in {', '.join(stale)}")
 
-    def restore(self) -> None:
-        """Put every original back, by identity, in reverse order."""
+    def restore(self) -> list[str]:
+        """Put every original back, by identity, in reverse order.
+
+        An attribute that another hook has since wrapped (e.g. SGLang's ``HookRegistry`` applied after us) is left
+        in place rather than clobbering that hook; it is returned (and logged) as not restored.
+        """
+        not_restored = []
         with self._lock:
             while self._changes:
                 ch = self._changes.pop()
                 for mod, name in ch.rebinds:
                     if mod.__dict__.get(name) is ch.new:
                         setattr(mod, name, ch.original)
+                live = ch.owner.__dict__.get(ch.attr, _MISSING)
+                if live is not ch.new and not (live is _MISSING and not ch.own):
+                    not_restored.append(f"{_describe(ch.owner)}.{ch.attr}")
+                    continue
                 if ch.own:
                     setattr(ch.owner, ch.attr, ch.original)
-                elif ch.attr in ch.owner.__dict__:
+                elif live is not _MISSING:
                     delattr(ch.owner, ch.attr)
             self.outcomes = None
+        if not_restored:
+            import logging
+
+            logging.getLogger("sglang_dp_mtp_fix").warning(
+                "sglang-dp-mtp-fix: not restored because another hook wraps them now: %s", ", ".join(not_restored)
+            )
+        return not_restored
 
 
 def _sglang_modules(skip: Any = None) -> Iterable[Any]:
