@@ -22,7 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from sglang_dp_mtp_fix.core import Kind  # noqa: E402
-from sglang_dp_mtp_fix.fingerprint import find_definition, fingerprint_node  # noqa: E402
+from sglang_dp_mtp_fix.fingerprint import (  # noqa: E402
+    definition_span,
+    find_definition,
+    fingerprint_node,
+    text_digest,
+)
 from sglang_dp_mtp_fix.patches import all_patches  # noqa: E402
 
 RELEASES = [
@@ -57,26 +62,35 @@ def targets() -> list[tuple[str, str, str]]:
 def generate(cache: Path) -> dict:
     table: dict[str, dict[str, list[str]]] = {}
     absent: dict[str, list[str]] = {}
+    texts: dict[str, dict[str, tuple[int, str]]] = {}
     for release in RELEASES:
         with zipfile.ZipFile(wheel_for(release, cache)) as wheel:
             names = set(wheel.namelist())
             parsed: dict[str, ast.Module | None] = {}
+            sources: dict[str, list[str]] = {}
             for name, module, qualname in targets():
                 if module not in parsed:
                     base = module.replace(".", "/")
                     path = next((p for p in (f"{base}.py", f"{base}/__init__.py") if p in names), None)
-                    parsed[module] = ast.parse(wheel.read(path).decode()) if path else None
+                    text = wheel.read(path).decode() if path else ""
+                    parsed[module] = ast.parse(text) if path else None
+                    sources[module] = text.splitlines(keepends=True)
                 tree = parsed[module]
                 node = find_definition(tree, qualname) if tree is not None else None
                 if node is None:
                     absent.setdefault(name, []).append(release)
                     continue
-                table.setdefault(name, {}).setdefault(fingerprint_node(node), []).append(release)
+                fingerprint = fingerprint_node(node)
+                table.setdefault(name, {}).setdefault(fingerprint, []).append(release)
+                first, last = definition_span(node)
+                span = sources[module][first - 1 : last]
+                texts.setdefault(name, {})[text_digest(span)] = (len(span), fingerprint)
     return {
         "_generated_by": "tools/gen_fingerprints.py from the PyPI wheels of the releases below; do not edit",
         "releases": RELEASES,
         "targets": table,
         "absent": absent,
+        "texts": texts,
     }
 
 

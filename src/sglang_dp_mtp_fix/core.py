@@ -184,7 +184,7 @@ def _check_fingerprint(target: Target, raw: Any) -> tuple[str, ...]:
     live = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
     live = getattr(live, "__sglang_dp_mtp_fix_original__", live)
     try:
-        got = fp.fingerprint_object(live)
+        got = fp.fingerprint_object(live, fp.known_texts(target.name))
     except (OSError, TypeError, SyntaxError) as exc:
         raise TargetProblem(f"{target.name}: source unavailable for fingerprinting ({exc})") from exc
     seen_in = fp.releases_with(target.name, got)
@@ -332,6 +332,7 @@ class PatchManager:
                 for p in to_apply:
                     p.config = config
                     self._apply_patch(p, resolved[p.id])
+                self._rebind_module_copies()
                 self._verify()
             except Exception as exc:  # noqa: BLE001 - roll back and stay stock
                 self.restore()
@@ -360,8 +361,23 @@ class PatchManager:
             change = _Change(res.owner, res.attr, res.own, original, new)
             setattr(res.owner, res.attr, new)
             self._changes.append(change)
-            if inspect.ismodule(res.owner) and original is not None:
-                change.rebinds = _rebind_copies(original, new, skip=res.owner)
+
+    def _rebind_module_copies(self) -> None:
+        """Re-point ``from X import Y`` copies of patched module functions in every imported SGLang module.
+
+        One pass over ``sys.modules`` for all changes (what SGLang's ``HookRegistry._propagate_patch`` does per hook).
+        """
+        by_original = {
+            id(ch.original): ch for ch in self._changes if inspect.ismodule(ch.owner) and ch.original is not None
+        }
+        if not by_original:
+            return
+        for mod in _sglang_modules():
+            for name, val in list(vars(mod).items()):
+                ch = by_original.get(id(val))
+                if ch is not None and val is ch.original and mod is not ch.owner:
+                    setattr(mod, name, ch.new)
+                    ch.rebinds.append((mod, name))
 
     def _verify(self) -> None:
         for ch in self._changes:
@@ -371,10 +387,6 @@ class PatchManager:
             for mod, name in ch.rebinds:
                 if mod.__dict__.get(name) is not ch.new:
                     raise RuntimeError(f"copy {mod.__name__}.{name} was not re-pointed")
-            if inspect.ismodule(ch.owner) and ch.original is not None:
-                stale = [m for m, n in _find_copies(ch.original)]
-                if stale:
-                    raise RuntimeError(f"stale copies of {ch.attr} remain in {', '.join(stale)}")
 
     def restore(self) -> list[str]:
         """Put every original back, by identity, in reverse order.
@@ -407,31 +419,11 @@ class PatchManager:
         return not_restored
 
 
-def _sglang_modules(skip: Any = None) -> Iterable[Any]:
+def _sglang_modules() -> Iterable[Any]:
     for name, mod in list(sys.modules.items()):
-        if mod is None or mod is skip or not (name == "sglang" or name.startswith("sglang.")):
+        if mod is None or not (name == "sglang" or name.startswith("sglang.")):
             continue
         yield mod
-
-
-def _find_copies(original: Any) -> list[tuple[str, str]]:
-    found = []
-    for mod in _sglang_modules():
-        for name, val in list(vars(mod).items()):
-            if val is original:
-                found.append((mod.__name__, name))
-    return found
-
-
-def _rebind_copies(original: Any, new: Any, skip: Any) -> list[tuple[Any, str]]:
-    """Re-point ``from X import Y`` copies in imported SGLang modules (what SGLang's HookRegistry does)."""
-    rebinds = []
-    for mod in _sglang_modules(skip):
-        for name, val in list(vars(mod).items()):
-            if val is original:
-                setattr(mod, name, new)
-                rebinds.append((mod, name))
-    return rebinds
 
 
 def wraps_original(original: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import inspect
 import json
+import linecache
 from importlib import resources
 from typing import Any
 
@@ -37,10 +38,33 @@ def fingerprint_source(source: str) -> str:
     return fingerprint_node(body[0])
 
 
-def fingerprint_object(obj: Any) -> str:
-    """Fingerprint of a live function/method/class. Raises OSError/TypeError when its source is unavailable."""
+def text_digest(lines: list[str]) -> str:
+    return hashlib.sha256("".join(lines).encode()).hexdigest()[:16]
+
+
+def definition_span(node: ast.AST) -> tuple[int, int]:
+    """1-based first line (the first decorator, as ``co_firstlineno``) and last line of a definition."""
+    decorators = getattr(node, "decorator_list", [])
+    first = min([node.lineno] + [d.lineno for d in decorators])  # type: ignore[attr-defined]
+    return first, node.end_lineno  # type: ignore[attr-defined]
+
+
+def fingerprint_object(obj: Any, known_texts: dict[str, tuple[int, str]] | None = None) -> str:
+    """Fingerprint of a live function/method. Raises OSError/TypeError when its source is unavailable.
+
+    Fast path: when the definition's exact source lines match a text digest recorded by the generator for a known
+    fingerprint (``known_texts``: text digest -> (line count, fingerprint)), that fingerprint is returned without
+    tokenizing or parsing; otherwise the AST is fingerprinted (formatting-independent).
+    """
     raw = obj.__func__ if isinstance(obj, (classmethod, staticmethod)) else obj
     raw = inspect.unwrap(raw)
+    code = getattr(raw, "__code__", None)
+    if known_texts and code is not None:
+        lines = linecache.getlines(code.co_filename)
+        start = code.co_firstlineno - 1
+        for digest, (count, fingerprint) in known_texts.items():
+            if text_digest(lines[start : start + count]) == digest:
+                return fingerprint
     return fingerprint_source(inspect.getsource(raw))
 
 
@@ -63,6 +87,11 @@ def find_definition(module_tree: ast.Module, qualname: str) -> ast.AST | None:
 def known_fingerprints() -> dict[str, Any]:
     text = resources.files("sglang_dp_mtp_fix.fingerprints").joinpath(FINGERPRINT_FILE).read_text()
     return json.loads(text)
+
+
+def known_texts(target: str) -> dict[str, tuple[int, str]]:
+    """Text digest -> (line count, AST fingerprint) recorded for ``target`` by the generator."""
+    return {d: (n, f) for d, (n, f) in known_fingerprints().get("texts", {}).get(target, {}).items()}
 
 
 def releases_with(target: str, fingerprint: str) -> list[str]:

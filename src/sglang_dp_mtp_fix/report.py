@@ -9,6 +9,7 @@ by a one-shot seam at the end of ``Scheduler.__init__`` (installed only when pat
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 
 from sglang_dp_mtp_fix._version import __version__
@@ -20,6 +21,9 @@ logger = logging.getLogger("sglang_dp_mtp_fix")
 
 def sglang_version() -> str:
     try:
+        loaded = sys.modules.get("sglang")
+        if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
+            return loaded.__version__  # cheap; importlib.metadata costs ~10 ms per call
         from importlib.metadata import version
 
         return version("sglang")

@@ -175,6 +175,7 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
 
     rank = _ctx["rank"]
     t0 = time.perf_counter()
+    c0 = time.thread_time()
     spec_algo = SpeculativeAlgorithm.from_string("EAGLE")
     model_runner = SimpleNamespace(prefill_cuda_graph_runner=None, spec_algorithm=spec_algo, model_config=None)
 
@@ -211,8 +212,9 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     else:  # 0.5.15.post1: (self) -> Optional[ScheduleBatch]
         batch = fn(scheduler)
     sync_ms = (time.perf_counter() - t0) * 1e3
+    sync_cpu_ms = (time.thread_time() - c0) * 1e3  # CPU time of this rank's round (excludes waiting on peers)
     if batch is None:  # nothing was gathered for this rank (no DP peers active)
-        return {"rank": rank, "ran": False, "sync_ms": sync_ms}
+        return {"rank": rank, "ran": False, "sync_ms": sync_ms, "sync_cpu_ms": sync_cpu_ms}
 
     run_batch = getattr(batch, "inner_idle_batch", None) or batch
     decode_vote = bool(
@@ -254,6 +256,7 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
         "draft_path": "graph" if draft_graph else "eager",
         "eager_cause": cause,
         "sync_ms": sync_ms,
+        "sync_cpu_ms": sync_cpu_ms,
     }
 
 

@@ -9,12 +9,16 @@ import ast
 import functools
 import importlib
 import inspect
+import sys
 
 from sglang_dp_mtp_fix.core import Status, TargetProblem, Verdict
 
 
 def _sglang_version() -> str:
     try:
+        loaded = sys.modules.get("sglang")
+        if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
+            return loaded.__version__  # cheap; importlib.metadata costs ~10 ms per call
         from importlib.metadata import version
 
         return version("sglang")

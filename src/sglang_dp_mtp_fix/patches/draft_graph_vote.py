@@ -216,7 +216,8 @@ class DraftGraphVote(Patch):
         @wraps_original(runner_gate)
         def can_run_graph(self: Any, forward_batch: Any) -> Any:
             ok = runner_gate(self, forward_batch)
-            if ok and getattr(self, "require_mlp_sync", False) and not getattr(forward_batch, VOTE_ATTR, True):
+            # Common case first (vote yes): one attribute read; objects that never synced keep graphs.
+            if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
                 return False
             return ok
 
