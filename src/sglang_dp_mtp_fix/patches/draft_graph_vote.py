@@ -154,12 +154,18 @@ class DraftGraphVote(Patch):
 
         @wraps_original(local_row)
         def _get_local_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
-            row = local_row(self, *args, **kwargs)
-            if getattr(self, decode_field):  # host-side bool: no device read
-                sync = _sync_round.get()
-                vote = True if sync is None else sync.local_vote
-                row[DECODE_COLUMN] = DECODE_YES_DRAFT_YES if vote else DECODE_YES_DRAFT_NO
-            return row
+            decode_vote = getattr(self, decode_field)  # host-side bool: no device read
+            if not decode_vote:
+                return local_row(self, *args, **kwargs)
+            sync = _sync_round.get()
+            vote = True if sync is None else sync.local_vote
+            # SGLang builds the row with int(<decode vote>): lend it the encoded value for that one call instead of
+            # writing into the tensor afterwards (no tensor op, and no device write on the device-group path).
+            setattr(self, decode_field, DECODE_YES_DRAFT_YES if vote else DECODE_YES_DRAFT_NO)
+            try:
+                return local_row(self, *args, **kwargs)
+            finally:
+                setattr(self, decode_field, decode_vote)
 
         @wraps_original(fallback_row)
         def _get_fallback_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
