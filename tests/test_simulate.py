@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import expected_status, requires_sglang
+from conftest import SGLANG_VERSION, expected_status, requires_sglang
 
 pytestmark = requires_sglang
 
@@ -69,3 +69,17 @@ def test_bad_trace_is_a_clear_error(tmp_path):
     exe = shutil.which("sglang-dp-mtp-fix", path=os.path.dirname(sys.executable))
     proc = subprocess.run([exe, "simulate", "--trace", str(trace)], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "bad rank state" in proc.stderr + proc.stdout
+
+
+@pytest.mark.skipif(expected_status() != "applied" or SGLANG_VERSION != "0.5.20", reason="one affected release")
+def test_unguarded_split_is_the_real_failure(tmp_path):
+    """The stock split, issued for real: gloo aborts the eager-shaped rank; the patched arm never splits."""
+    trace = tmp_path / "trace.jsonl"
+    rows = [
+        {"ranks": [{"kind": "decode", "seed": True}, {"kind": "decode", "seed": True}]},
+        {"ranks": [{"kind": "decode", "seed": False}, {"kind": "none"}]},
+    ]
+    trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    data = simulate("--trace", str(trace), "--unguarded")
+    assert data["stock"]["real_failure"].startswith("round 1: ") and "exited" in data["stock"]["real_failure"]
+    assert data["patched"]["real_failure"] == "no split round"

@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--seed", type=int, default=0, help="seed of the embedded trace (default 0)")
     sim.add_argument("--trace", type=str, default=None, help="JSON-lines trace file (schema: README)")
     sim.add_argument("--json", action="store_true", help="machine-readable output")
+    sim.add_argument(
+        "--unguarded",
+        action="store_true",
+        help="also issue the first split round's collectives for real (the ranks abort or time out), per arm",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -136,7 +141,9 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.trace and not Path(args.trace).is_file():
         parser.error(f"--trace {args.trace}: no such file")
     trace = Path(args.trace) if args.trace else None
-    data = simulate.simulate(ranks or 0, args.rounds, args.seed, trace, progress=not args.json)
+    data = simulate.simulate(
+        ranks or 0, args.rounds, args.seed, trace, progress=not args.json, unguarded=args.unguarded
+    )
     if args.json:
         print(json.dumps(data))
     else:

@@ -110,6 +110,7 @@ class Arm:
     collectives_per_round: float = 0.0
     median_round_ms: float = 0.0
     hang_examples: list[str] = field(default_factory=list)
+    real_failure: str | None = None  # --unguarded: what the real collective did in the first split round
 
 
 def summarize(per_rank: list[list[dict[str, Any]]], wall_ms: list[float]) -> Arm:
@@ -152,6 +153,43 @@ def summarize(per_rank: list[list[dict[str, Any]]], wall_ms: list[float]) -> Arm
     return arm
 
 
+def first_split_round(pool: Any, trace: list[list[dict[str, Any]]]) -> int | None:
+    """Guarded pass over the trace to find the first round whose ranks split (None if they never do)."""
+    for start in range(0, len(trace), CHUNK):
+        chunk = trace[start : start + CHUNK]
+        results = pool.rounds([[states[r] for states in chunk] for r in range(pool.world)])
+        for i in range(len(chunk)):
+            if any(results[r][i].get("collective") == "split" for r in range(pool.world)):
+                return start + i
+    return None
+
+
+def unguarded_failure(world: int, trace: list[list[dict[str, Any]]], apply: bool, progress: bool) -> str | None:
+    """Replay the trace up to its first split round, then issue that round's collectives without the pre-flight:
+    the real failure (gloo aborts the ranks on the size mismatch, or the 10 s timeout fires). Fresh ranks, because
+    the failing ones do not survive it."""
+    from sglang_dp_mtp_fix.harness.pool import RankError, RankPool
+
+    with RankPool(world, load_plugins=apply, env={"SGLANG_PLUGINS": "dp_mtp_fix"}) as pool:
+        if not apply:
+            pool.plugin("restore")
+        split = first_split_round(pool, trace)
+    if split is None:
+        return None
+    with RankPool(world, load_plugins=apply, env={"SGLANG_PLUGINS": "dp_mtp_fix"}) as pool:
+        if not apply:
+            pool.plugin("restore")
+        states = [{**s, "_unguarded": True} for s in trace[split]]
+        if progress:
+            print(f"  unguarded: issuing round {split}'s draft-step all-gathers as each rank chose", file=sys.stderr)
+        try:
+            results = pool.rounds([[states[r]] for r in range(world)], timeout=60)
+        except RankError as exc:
+            return f"round {split}: {exc}"
+        paths = [results[r][0].get("draft_path") for r in range(world)]
+        return f"round {split}: completed without failure (paths {paths})"
+
+
 def run_arm(pool: Any, trace: list[list[dict[str, Any]]], label: str, progress: bool) -> Arm:
     per_rank: list[list[dict[str, Any]]] = [[] for _ in range(pool.world)]
     wall_ms: list[float] = []
@@ -172,7 +210,9 @@ def run_arm(pool: Any, trace: list[list[dict[str, Any]]], label: str, progress: 
     return summarize(per_rank, wall_ms)
 
 
-def simulate(ranks: int, rounds: int, seed: int, trace_path: Path | None, progress: bool) -> dict[str, Any]:
+def simulate(
+    ranks: int, rounds: int, seed: int, trace_path: Path | None, progress: bool, unguarded: bool = False
+) -> dict[str, Any]:
     from sglang_dp_mtp_fix.harness.pool import RankPool
 
     trace = load_trace(trace_path, ranks if ranks else None) if trace_path else generate_trace(ranks, rounds, seed)
@@ -192,6 +232,10 @@ def simulate(ranks: int, rounds: int, seed: int, trace_path: Path | None, progre
             patched = run_arm(pool, trace, "patched", progress)
             counters = [r["stats"] for r in pool.plugin("stats")]
             pool.plugin("restore")
+    if unguarded:
+        stock.real_failure = unguarded_failure(world, trace, apply=False, progress=progress) or "no split round"
+        if patched is not None:
+            patched.real_failure = unguarded_failure(world, trace, apply=True, progress=progress) or "no split round"
     return {
         "sglang_version": version,
         "ranks": world,
@@ -230,6 +274,9 @@ def print_table(data: dict[str, Any]) -> None:
             print(f"  draft-eager rank-rounds by cause ({name}): {causes}")
     for example in stock["hang_examples"]:
         print(f"  stock hang: {example}")
+    for name, arm in (("stock", stock), ("patched", patched)):
+        if arm and arm.get("real_failure"):
+            print(f"  {name}, unguarded collective: {arm['real_failure']}")
     if data["patched_note"]:
         print(f"  patched arm not run: {data['patched_note']}")
     print("  decisions from SGLang's real code: " + "; ".join(data["real_sglang"]))

@@ -98,7 +98,8 @@ class RankPool:
                     break
                 except queue.Empty:
                     if not self._procs[rank].is_alive():
-                        raise RankError(f"rank {rank} exited (code {self._procs[rank].exitcode})") from None
+                        time.sleep(1.0)  # let the other ranks fail or finish too, then name them all
+                        raise RankError(self.describe_failure()) from None
                     if time.monotonic() > deadline:
                         raise RankError(f"rank {rank} did not answer within {timeout or self.timeout}s") from None
             results.append((status, payload))
@@ -107,6 +108,14 @@ class RankPool:
             if status != "ok":
                 raise RankError(f"rank {rank} failed:\n{payload.get('traceback', payload)}")
         return [payload for _, payload in results]
+
+    def describe_failure(self) -> str:
+        dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
+        alive = [r for r, p in enumerate(self._procs) if p.is_alive()]
+        parts = [f"rank {r} exited (code {code}{', SIGABRT' if code == -6 else ''})" for r, code in dead]
+        if alive:
+            parts.append(f"ranks {alive} still alive (blocked in or failed the collective)")
+        return "; ".join(parts)
 
     def _send(self, command: str, payloads: list[Any], timeout: float | None = None) -> list[dict[str, Any]]:
         for box, payload in zip(self._inboxes, payloads, strict=True):

@@ -69,6 +69,12 @@ def setup(rank: int, world: int, port: int, model_path: str, load_plugins: bool)
         ps.initialize_model_parallel(tensor_model_parallel_size=world, attention_data_parallel_size=world)
     else:
         ps.initialize_model_parallel()
+    import datetime
+
+    import torch.distributed as dist
+
+    # The draft step's emulated collectives run on their own group with a bounded timeout (10 s).
+    _ctx["path_group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=10))
     _ctx.update(rank=rank, world=world)
     from importlib.metadata import version
 
@@ -326,8 +332,9 @@ def draft_runner_standin(runner_cls: Any, spec_algo: Any) -> Any:
     return runner
 
 
-# Draft CUDA-graph batch sizes (the runner pads a replay up to the next captured size).
-GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Draft CUDA-graph batch sizes the emulated draft graph was captured at (as with --cuda-graph-bs 8 16 32 64 128): a
+# replay pads up to the next captured size, while the eager path pads to the live maximum (GPU recipe's toy: 8 vs 3).
+GRAPH_BUCKETS = (8, 16, 32, 64, 128)
 HIDDEN = 8  # row width of the emulated draft-step all-gathers
 DRAFT_STEPS = 3  # --speculative-num-steps of the reproduced deployment
 
@@ -368,29 +375,32 @@ class CollectiveCounter:
             setattr(dist, name, original)
 
 
-def path_collective(result: dict[str, Any]) -> dict[str, Any]:
+def path_collective(result: dict[str, Any], guarded: bool = True) -> dict[str, Any]:
     """The draft step's collectives as this rank's chosen path would issue them.
 
     Graph replay gathers rows padded to the captured batch size; the eager path gathers rows padded to the live
     maximum. Ranks on different paths issue all-gathers of different sizes: NCCL hangs, gloo aborts the process.
-    So the harness first exchanges a fixed-size (path, rows) descriptor (its own pre-flight, not SGLang's) and only
-    issues the real all-gathers when every rank agrees; otherwise it reports the split, naming the ranks.
+    Guarded (default): the harness first exchanges a fixed-size (path, rows) descriptor (its own pre-flight, not
+    SGLang's) and only issues the real all-gathers when every rank agrees; otherwise it reports the split, naming
+    the ranks. Unguarded: the all-gathers are issued as chosen, and a split ends in the real failure (the ranks
+    abort or time out after 10 s); ``simulate --unguarded`` shows that once per arm.
     """
     import torch
     import torch.distributed as dist
-    from sglang.srt.distributed import parallel_state as ps
 
-    group = ps.get_tp_group().cpu_group
+    group = _ctx["path_group"]
     world = dist.get_world_size(group)
     tokens = result.get("global_num_tokens") or [0]
     graph = result.get("draft_path") == "graph"
     rows = graph_rows(max(tokens)) if graph else max(tokens)
-    descriptor = torch.tensor([1 if graph else 0, rows], dtype=torch.int64)
-    gathered = torch.empty((world * 2,), dtype=torch.int64)
-    dist.all_gather_into_tensor(gathered, descriptor, group=group)
-    paths = [tuple(x) for x in gathered.view(world, 2).tolist()]
-    if len(set(paths)) > 1:
-        return {"collective": "split", "paths": paths}
+    paths = None
+    if guarded:
+        descriptor = torch.tensor([1 if graph else 0, rows], dtype=torch.int64)
+        gathered = torch.empty((world * 2,), dtype=torch.int64)
+        dist.all_gather_into_tensor(gathered, descriptor, group=group)
+        paths = [tuple(x) for x in gathered.view(world, 2).tolist()]
+        if len(set(paths)) > 1:
+            return {"collective": "split", "paths": paths}
     for _ in range(DRAFT_STEPS):
         out = torch.empty((world * rows, HIDDEN))
         dist.all_gather_into_tensor(out, torch.full((rows, HIDDEN), float(_ctx["rank"])), group=group)
@@ -398,14 +408,17 @@ def path_collective(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_rounds(states: list[dict[str, Any]], collective: bool = True) -> list[dict[str, Any]]:
-    """Many rounds in a row (ranks stay in lock-step through SGLang's own sync); one reply for the batch."""
+    """Many rounds in a row (ranks stay in lock-step through SGLang's own sync); one reply for the batch.
+
+    A state may carry ``"_unguarded": true`` to issue that round's draft-step collectives without the pre-flight.
+    """
     out = []
     for state in states:
         with CollectiveCounter() as counter:
             result = run_round(state)
         result["sync_collectives"] = counter.count
         if collective and result.get("ran"):
-            result.update(path_collective(result))
+            result.update(path_collective(result, guarded=not state.get("_unguarded", False)))
         out.append(result)
     return out
 
