@@ -87,27 +87,43 @@ class RankPool:
             raise
 
     def _collect(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """One answer per rank. A rank that failed while its peers wait in a collective is reported after a short
+        grace period (its peers cannot answer: the pool is then unusable and should be closed)."""
         import time
 
-        results = []
+        answers: dict[int, tuple[str, Any]] = {}
         deadline = time.monotonic() + (timeout or self.timeout)
-        for rank, box in enumerate(self._outboxes):
-            while True:
+        first_error_at: float | None = None
+        while len(answers) < self.world:
+            progressed = False
+            for rank, box in enumerate(self._outboxes):
+                if rank in answers:
+                    continue
                 try:
-                    status, payload = box.get(timeout=0.5)
-                    break
+                    answers[rank] = box.get_nowait()
+                    progressed = True
                 except queue.Empty:
                     if not self._procs[rank].is_alive():
                         time.sleep(1.0)  # let the other ranks fail or finish too, then name them all
                         raise RankError(self.describe_failure()) from None
-                    if time.monotonic() > deadline:
-                        raise RankError(f"rank {rank} did not answer within {timeout or self.timeout}s") from None
-            results.append((status, payload))
+            errors = [(r, a[1]) for r, a in sorted(answers.items()) if a[0] != "ok"]
+            if errors and first_error_at is None:
+                first_error_at = time.monotonic()
+            if errors and len(answers) < self.world and time.monotonic() - first_error_at > 5.0:
+                r, payload = errors[0]
+                pending = sorted(set(range(self.world)) - set(answers))
+                raise RankError(f"rank {r} failed (ranks {pending} blocked):\n{payload.get('traceback', payload)}")
+            if time.monotonic() > deadline:
+                pending = sorted(set(range(self.world)) - set(answers))
+                raise RankError(f"ranks {pending} did not answer within {timeout or self.timeout}s")
+            if not progressed:
+                time.sleep(0.002)
         # Every rank has answered (so the queues stay in step); now report the first failure, if any.
-        for rank, (status, payload) in enumerate(results):
+        for rank in range(self.world):
+            status, payload = answers[rank]
             if status != "ok":
                 raise RankError(f"rank {rank} failed:\n{payload.get('traceback', payload)}")
-        return [payload for _, payload in results]
+        return [answers[rank][1] for rank in range(self.world)]
 
     def describe_failure(self) -> str:
         dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
