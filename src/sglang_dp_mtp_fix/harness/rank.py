@@ -130,13 +130,14 @@ def _draft_input(seed: bool, overlap: bool, future_flag: bool | None, n: int) ->
     import torch
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
+    dev = _ctx.get("device", "cpu")
     di = EagleDraftInput(
-        topk_p=torch.ones((n, 1)), topk_index=torch.zeros((n, 1), dtype=torch.long),
-        hidden_states=torch.zeros((n, 4)), bonus_tokens=torch.zeros((n,), dtype=torch.long),
-        dsa_topk_indices=torch.zeros((n, 8), dtype=torch.int32) if seed else None,
+        topk_p=torch.ones((n, 1), device=dev), topk_index=torch.zeros((n, 1), dtype=torch.long, device=dev),
+        hidden_states=torch.zeros((n, 4), device=dev), bonus_tokens=torch.zeros((n,), dtype=torch.long, device=dev),
+        dsa_topk_indices=torch.zeros((n, 8), dtype=torch.int32, device=dev) if seed else None,
     )  # fmt: skip
     if overlap:
-        di.future_indices = torch.arange(n)
+        di.future_indices = torch.arange(n, device=dev)
         di.future_dsa_topk_indices_available = seed if future_flag is None else future_flag
     if "cuda_graph_compatible" in getattr(type(di), "__dataclass_fields__", {}):
         # 0.5.21+: STAND-IN for the PD producer (build_eagle_disagg_draft_input), which marks a seedless input
@@ -300,12 +301,13 @@ def decode_tensors(batch: Any) -> None:
     import torch
 
     n = len(batch.reqs)
-    batch.input_ids = torch.ones((n,), dtype=torch.int64)
-    batch.seq_lens = torch.full((n,), 4, dtype=torch.int64)
-    batch.seq_lens_cpu = batch.seq_lens.clone()
+    dev = _ctx.get("device", "cpu")  # "cuda:<rank>" when bench/gpu drives the harness
+    batch.input_ids = torch.ones((n,), dtype=torch.int64, device=dev)
+    batch.seq_lens = torch.full((n,), 4, dtype=torch.int64, device=dev)
+    batch.seq_lens_cpu = torch.full((n,), 4, dtype=torch.int64)
     batch.orig_seq_lens = batch.seq_lens.clone()
-    batch.req_pool_indices = torch.arange(n, dtype=torch.int64)
-    batch.out_cache_loc = torch.arange(n, dtype=torch.int64)
+    batch.req_pool_indices = torch.arange(n, dtype=torch.int64, device=dev)
+    batch.out_cache_loc = torch.arange(n, dtype=torch.int64, device=dev)
     batch.seq_lens_sum = 4 * n
 
 
@@ -314,7 +316,7 @@ def real_forward_batch(batch: Any, spec_algo: Any) -> Any:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     decode_tensors(batch)
-    runner = ModelRunnerStandIn(device="cpu", spec_algorithm=spec_algo)
+    runner = ModelRunnerStandIn(device=_ctx.get("device", "cpu"), spec_algorithm=spec_algo)
     init = ForwardBatch.init_new
     kwargs = {"return_hidden_states_before_norm": False}
     if "return_hidden_states_before_norm" not in inspect.signature(inspect.unwrap(init)).parameters:

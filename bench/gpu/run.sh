@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Device side (2 GPUs): install the carried wheels into /tmp, then run dp_vote_gpu.py. Multicast stays off.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+G=$PWD/.gpucarry; L=${OUT:-/tmp/out}; mkdir -p "$L"
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -V; } 2>&1 | tee "$L/env.txt"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $G/whl/*.whl $G/plugin/*.whl > "$L/install.log" 2>&1; echo "deps rc=$?"
+mkdir -p /tmp/sk && python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/sk')" $G/sk/*.zip
+for Z in $G/sg/sglang-*-trimmed.zip; do
+  V=$(basename "$Z" | sed 's/^sglang-//; s/-trimmed.zip$//')
+  rm -rf /tmp/sg && mkdir -p /tmp/sg && python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/sg')" "$Z"
+  export PYTHONPATH=/tmp/sg:/tmp/site:/tmp/sk:$G/stubs/fi SGLANG_VERSION_LABEL=$V
+  echo "=== sglang $V"; python3 -m sglang_dp_mtp_fix.cli doctor 2>&1 | grep -vE "warn|Warn" | tail -5
+  timeout 200 python3 bench/gpu/dp_vote_gpu.py 2>&1 | grep -vE "Warn|warn|^\s*$|DEEPEP|chunked prefill" | cut -c1-600 | tee "$L/dp_vote_gpu-$V.log" | grep -E "^MSG|PARENT" | tail -20
+done
