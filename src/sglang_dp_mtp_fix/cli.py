@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from sglang_dp_mtp_fix._version import __version__
-from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, load_config
+from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, Config, Mode, load_config
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "dp_mtp_fix"
@@ -58,6 +58,13 @@ def doctor_report() -> tuple[dict[str, Any], int]:
     if config.error:
         return data, 2
     statuses = {o.status for o in outcomes}
+    if Status.DISABLED in statuses:
+        # Disabled by the operator: is this install affected at all? (A not-affected or already fixed SGLang is fine
+        # whatever the switches say.)
+        underlying, _ = manager.plan(Config(mode=Mode.AUTO))
+        data["without_switches"] = [o.as_dict() for o in underlying]
+        if {o.status for o in underlying} <= {Status.SUPERSEDED, Status.NOT_AFFECTED}:
+            statuses = {o.status for o in underlying}
     fixed_or_clean = statuses <= {Status.APPLIED, Status.SUPERSEDED, Status.NOT_AFFECTED}
     would_patch = Status.APPLIED in statuses
     code = 0 if fixed_or_clean and (selected or not would_patch) else 1
