@@ -186,8 +186,10 @@ class DraftGraphVote(Patch):
 
         # Decided at load: without SGLANG_DP_MTP_FIX_STATS the wrapper carries no counting code at all.
         counters = stats.activate(self.config.stats_every)
+        # The generic vote's name on ScheduleBatch: can_run_dp_cuda_graph until 0.5.18, can_run_decode_cuda_graph after.
+        batch_fields = getattr(resolved[SB_DEFAULT].owner, "__dataclass_fields__", {})
         generic_field = (
-            "can_run_decode_cuda_graph" if "can_run_decode_cuda_graph" in fields else "can_run_dp_cuda_graph"
+            "can_run_decode_cuda_graph" if "can_run_decode_cuda_graph" in batch_fields else "can_run_dp_cuda_graph"
         )
 
         if counters is None:
