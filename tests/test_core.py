@@ -187,3 +187,20 @@ def test_missing_target_keeps_sglang_fully_stock(monkeypatch):
     assert all(o.status is Status.UNSUPPORTED for o in outcomes)
     assert "_get_fallback_tensor is missing" in next(o for o in outcomes if o.id == "draft_graph_vote").reason
     assert _snapshot() == before
+
+
+def test_text_fast_path_does_not_accept_a_longer_body(tmp_path):
+    """A body that starts exactly like a known one but goes on is fingerprinted from its AST, not accepted."""
+    import importlib.util
+
+    src = "def f(x):\n    return x\n"
+    longer = "def f(x):\n    return x\n    print('more')\n"
+    known = {fp.text_digest(src.splitlines(keepends=True)): (2, fp.fingerprint_source(src))}
+    for name, text in (("same", src), ("longer", longer)):
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        got = fp.fingerprint_object(mod.f, known)
+        assert (got == fp.fingerprint_source(src)) is (name == "same")

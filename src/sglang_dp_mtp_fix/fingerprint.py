@@ -49,6 +49,20 @@ def definition_span(node: ast.AST) -> tuple[int, int]:
     return first, node.end_lineno  # type: ignore[attr-defined]
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _ends_at(lines: list[str], start: int, count: int) -> bool:
+    """The definition really ends after ``count`` lines: the next code line is not indented deeper than its first
+    line (else a longer body that merely starts like a known one would pass)."""
+    first = _indent(lines[start]) if start < len(lines) else 0
+    for line in lines[start + count :]:
+        if line.strip() and not line.lstrip().startswith("#"):
+            return _indent(line) <= first
+    return True
+
+
 def fingerprint_object(obj: Any, known_texts: dict[str, tuple[int, str]] | None = None) -> str:
     """Fingerprint of a live function/method. Raises OSError/TypeError when its source is unavailable.
 
@@ -63,7 +77,7 @@ def fingerprint_object(obj: Any, known_texts: dict[str, tuple[int, str]] | None 
         lines = linecache.getlines(code.co_filename)
         start = code.co_firstlineno - 1
         for digest, (count, fingerprint) in known_texts.items():
-            if text_digest(lines[start : start + count]) == digest:
+            if text_digest(lines[start : start + count]) == digest and _ends_at(lines, start, count):
                 return fingerprint
     return fingerprint_source(inspect.getsource(raw))
 
