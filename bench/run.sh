@@ -3,4 +3,4 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 E=$("$ROOT/tools/mkvenv.sh" "${1:-0.5.20}" | tail -1)
-cd "$ROOT" && "$E/bin/python" bench/bench.py 2> >(grep -vE "warn|CUDA arch|AMX|chunked prefill|DEEPEP|return func" >&2)
+cd "$ROOT" && "$E/bin/python" bench/bench.py 2> >(grep -vE "[Ww]arn|CUDA arch|AMX|chunked prefill|DEEPEP|return func" >&2)
