@@ -14,7 +14,7 @@ from typing import Any
 
 from sglang_dp_mtp_fix import report
 from sglang_dp_mtp_fix.config import Config, load_config
-from sglang_dp_mtp_fix.core import Outcome, PatchManager, Status, _Change
+from sglang_dp_mtp_fix.core import Outcome, PatchManager, _Change
 from sglang_dp_mtp_fix.patches import all_patches
 
 _lock = threading.Lock()
@@ -85,7 +85,3 @@ def _report_after_scheduler_init(manager: PatchManager, outcomes: list[Outcome],
 
     Scheduler.__init__ = __init__  # type: ignore[method-assign]
     manager._changes.append(_Change(Scheduler, "__init__", True, original, __init__))
-
-
-def outcome_status(outcomes: list[Outcome], patch_id: str) -> Status:
-    return next(o.status for o in outcomes if o.id == patch_id)

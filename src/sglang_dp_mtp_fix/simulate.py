@@ -113,13 +113,12 @@ class Arm:
     real_failure: str | None = None  # --unguarded: what the real collective did in the first split round
 
 
-def summarize(per_rank: list[list[dict[str, Any]]], wall_ms: list[float]) -> Arm:
-    arm = Arm(rounds=len(per_rank[0]))
+def summarize(per_round: list[list[dict[str, Any]]], wall_ms: list[float]) -> Arm:
+    arm = Arm(rounds=len(per_round))
     generic = draft = 0
     causes: Counter[str] = Counter()
     collectives = []
-    for i in range(arm.rounds):
-        results = [rank_results[i] for rank_results in per_rank]
+    for i, results in enumerate(per_round):
         ran = [r for r in results if r.get("ran")]
         collectives.append(max(r.get("sync_collectives", 0) for r in results))
         if not ran:
@@ -156,10 +155,8 @@ def summarize(per_rank: list[list[dict[str, Any]]], wall_ms: list[float]) -> Arm
 def first_split_round(pool: Any, trace: list[list[dict[str, Any]]]) -> int | None:
     """Guarded pass over the trace to find the first round whose ranks split (None if they never do)."""
     for start in range(0, len(trace), CHUNK):
-        chunk = trace[start : start + CHUNK]
-        results = pool.rounds([[states[r] for states in chunk] for r in range(pool.world)])
-        for i in range(len(chunk)):
-            if any(results[r][i].get("collective") == "split" for r in range(pool.world)):
+        for i, results in enumerate(pool.run_trace(trace[start : start + CHUNK])):
+            if any(r.get("collective") == "split" for r in results):
                 return start + i
     return None
 
@@ -183,23 +180,21 @@ def unguarded_failure(world: int, trace: list[list[dict[str, Any]]], apply: bool
         if progress:
             print(f"  unguarded: issuing round {split}'s draft-step all-gathers as each rank chose", file=sys.stderr)
         try:
-            results = pool.rounds([[states[r]] for r in range(world)], timeout=60)
+            (results,) = pool.run_trace([states], timeout=60)
         except RankError as exc:
             return f"round {split}: {exc}"
-        paths = [results[r][0].get("draft_path") for r in range(world)]
+        paths = [r.get("draft_path") for r in results]
         return f"round {split}: completed without failure (paths {paths})"
 
 
 def run_arm(pool: Any, trace: list[list[dict[str, Any]]], label: str, progress: bool) -> Arm:
-    per_rank: list[list[dict[str, Any]]] = [[] for _ in range(pool.world)]
+    per_round: list[list[dict[str, Any]]] = []
     wall_ms: list[float] = []
     for start in range(0, len(trace), CHUNK):
         chunk = trace[start : start + CHUNK]
         t0 = time.perf_counter()
-        results = pool.rounds([[states[r] for states in chunk] for r in range(pool.world)])
+        per_round.extend(pool.run_trace(chunk))
         elapsed = (time.perf_counter() - t0) * 1e3
-        for r in range(pool.world):
-            per_rank[r].extend(results[r])
         wall_ms.extend([elapsed / len(chunk)] * len(chunk))
         if progress:
             done = min(start + CHUNK, len(trace))
@@ -207,7 +202,7 @@ def run_arm(pool: Any, trace: list[list[dict[str, Any]]], label: str, progress: 
             print(f"\r  {label:<8} [{bar:<30}] {done}/{len(trace)} rounds", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
-    return summarize(per_rank, wall_ms)
+    return summarize(per_round, wall_ms)
 
 
 def simulate(

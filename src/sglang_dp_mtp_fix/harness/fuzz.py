@@ -97,9 +97,8 @@ def run_property(pool: Any, rounds: int, seed: int, patched: bool, chunk: int = 
     done = 0
     while done < rounds:
         batch = [random_round(rng, pool.world) for _ in range(min(chunk, rounds - done))]
-        results = pool.rounds([[states[r] for states in batch] for r in range(pool.world)])
-        for i, states in enumerate(batch):
-            problem = check_round([results[r][i] for r in range(pool.world)])
+        for i, (states, results) in enumerate(zip(batch, pool.run_trace(batch), strict=True)):
+            problem = check_round(results)
             if problem:
                 violations += 1
                 if first is None:
@@ -108,8 +107,7 @@ def run_property(pool: Any, rounds: int, seed: int, patched: bool, chunk: int = 
     if first is not None:
 
         def fails(states: list[State]) -> bool:
-            res = pool.rounds([[s] for s in states])
-            return check_round([res[r][0] for r in range(pool.world)]) is not None
+            return check_round(pool.run_trace([states])[0]) is not None
 
         first["shrunk"] = shrink(fails, first["states"])
     return {"rounds": rounds, "violations": violations, "first": first}

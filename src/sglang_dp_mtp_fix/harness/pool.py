@@ -147,6 +147,11 @@ class RankPool:
         assert len(per_rank_states) == self.world
         return self._send("rounds", per_rank_states, timeout)
 
+    def run_trace(self, trace: list[list[dict[str, Any]]], timeout: float | None = 600) -> list[list[dict]]:
+        """Run a trace given round by round (one state per rank in each round); results come back the same way."""
+        per_rank = self.rounds([[states[r] for states in trace] for r in range(self.world)], timeout)
+        return [[per_rank[r][i] for r in range(self.world)] for i in range(len(trace))]
+
     def plugin(self, command: str | dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
         """'apply' / 'restore' / 'stats' on every rank, or one command per rank (a misconfigured-node scenario)."""
         commands = command if isinstance(command, list) else [command] * self.world
