@@ -17,7 +17,7 @@ import importlib
 import inspect
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -424,14 +424,3 @@ def _sglang_modules() -> Iterable[Any]:
         if mod is None or not (name == "sglang" or name.startswith("sglang.")):
             continue
         yield mod
-
-
-def wraps_original(original: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``functools.wraps`` without ``__wrapped__`` pointing into a module global (kept in the closure only)."""
-    import functools
-
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        functools.update_wrapper(fn, original)
-        return fn
-
-    return deco

@@ -9,21 +9,9 @@ import ast
 import functools
 import importlib
 import inspect
-import sys
 
 from sglang_dp_mtp_fix.core import Status, TargetProblem, Verdict
-
-
-def _sglang_version() -> str:
-    try:
-        loaded = sys.modules.get("sglang")
-        if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
-            return loaded.__version__  # cheap; importlib.metadata costs ~10 ms per call
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:  # noqa: BLE001
-        return "unknown"
+from sglang_dp_mtp_fix.report import sglang_version
 
 
 def _has_seedless_eager_fallback(draft_fn: object) -> bool:
@@ -53,7 +41,7 @@ def dp_draft_vote_verdict() -> tuple[Status, str] | None:
         eagle_worker_v2 = importlib.import_module("sglang.srt.speculative.eagle_worker_v2")
     except Exception as exc:  # noqa: BLE001
         raise TargetProblem(f"SGLang's DP/EAGLE modules cannot be imported ({type(exc).__name__}: {exc})") from exc
-    version = _sglang_version()
+    version = sglang_version()
     sync_fields = getattr(dp_attn.MLPSyncBatchInfo, "__dataclass_fields__", {})
     input_fields = getattr(eagle_info.EagleDraftInput, "__dataclass_fields__", {})
     if "can_run_draft_cuda_graph" in sync_fields or "cuda_graph_compatible" in input_fields:

@@ -29,11 +29,12 @@ Removable when: the oldest supported release carries upstream #32196 (0.5.21), o
 from __future__ import annotations
 
 import contextvars
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from sglang_dp_mtp_fix import stats
-from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target, wraps_original
+from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.patches._detect import classify_group
 
 DP_ATTN = "sglang.srt.managers.scheduler_components.dp_attn"
@@ -143,7 +144,7 @@ class DraftGraphVote(Patch):
         forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
         runner_gate = resolved[RUNNER_GATE].raw
 
-        @wraps_original(sync_raw)
+        @functools.wraps(sync_raw)
         def prepare_mlp_sync_batch_raw(*args: Any, **kwargs: Any) -> Any:
             local_batch = args[0] if args else kwargs.get("local_batch")
             token = _sync_round.set(SyncRound(local_vote=local_draft_vote(local_batch)))
@@ -152,7 +153,7 @@ class DraftGraphVote(Patch):
             finally:
                 _sync_round.reset(token)
 
-        @wraps_original(local_row)
+        @functools.wraps(local_row)
         def _get_local_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
             decode_vote = getattr(self, decode_field)  # host-side bool: no device read
             if not decode_vote:
@@ -167,13 +168,13 @@ class DraftGraphVote(Patch):
             finally:
                 setattr(self, decode_field, decode_vote)
 
-        @wraps_original(fallback_row)
+        @functools.wraps(fallback_row)
         def _get_fallback_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
             row = fallback_row(self, *args, **kwargs)
             row[DECODE_COLUMN] = DECODE_YES_DRAFT_YES  # inactive ranks vote yes
             return row
 
-        @wraps_original(gather)
+        @functools.wraps(gather)
         def all_gather(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = gather(self, *args, **kwargs)
             gathered = getattr(self, gathered_field)
@@ -194,7 +195,7 @@ class DraftGraphVote(Patch):
 
         if counters is None:
 
-            @wraps_original(update_batch)
+            @functools.wraps(update_batch)
             def _update_gather_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
                 result = update_batch(batch, *args, **kwargs)
                 sync = _sync_round.get()
@@ -203,7 +204,7 @@ class DraftGraphVote(Patch):
 
         else:
 
-            @wraps_original(update_batch)
+            @functools.wraps(update_batch)
             def _update_gather_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
                 result = update_batch(batch, *args, **kwargs)
                 sync = _sync_round.get()
@@ -215,13 +216,13 @@ class DraftGraphVote(Patch):
                     )
                 return result
 
-        @wraps_original(forward_init)
+        @functools.wraps(forward_init)
         def init_new(cls: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
             forward_batch = forward_init(cls, batch, *args, **kwargs)
             forward_batch.can_run_dp_draft_cuda_graph = getattr(batch, VOTE_ATTR, True)
             return forward_batch
 
-        @wraps_original(runner_gate)
+        @functools.wraps(runner_gate)
         def can_run_graph(self: Any, forward_batch: Any) -> Any:
             ok = runner_gate(self, forward_batch)
             # Common case first (vote yes): one attribute read; objects that never synced keep graphs.

@@ -18,9 +18,10 @@ Removable when: the oldest supported release carries upstream #32196 (0.5.21), o
 from __future__ import annotations
 
 import contextvars
+import functools
 from typing import Any
 
-from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target, wraps_original
+from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.patches._detect import classify_group
 from sglang_dp_mtp_fix.patches.future_seed_authority import draft_seed_present
 
@@ -87,7 +88,7 @@ class EagerDraftGate(Patch):
         decode_round_original = resolved[DECODE_ROUND].raw
         sync_entry_original = resolved[SYNC_ENTRY].raw
 
-        @wraps_original(decode_round_original)
+        @functools.wraps(decode_round_original)
         def get_next_disagg_decode_batch_to_run(self: Any, *args: Any, **kwargs: Any) -> Any:
             token = _pd_decode_worker.set(getattr(self, "draft_worker", None))
             try:
@@ -95,7 +96,7 @@ class EagerDraftGate(Patch):
             finally:
                 _pd_decode_worker.reset(token)
 
-        @wraps_original(sync_entry_original)
+        @functools.wraps(sync_entry_original)
         def maybe_prepare_mlp_sync_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
             spec_worker = _pd_decode_worker.get()
             if spec_worker is not _OUTSIDE and batch is not None:
