@@ -150,7 +150,7 @@ def resolve(target: Target) -> Resolved | None:
             return None
         raise TargetProblem(f"{target.name} is missing")
     raw = owner.__dict__[attr] if own else inspect.getattr_static(owner, attr)
-    live = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+    live = fp.function_of(raw)
     if not callable(live):
         raise TargetProblem(f"{target.name} is not callable")
     if target.kind is Kind.WRAP:
@@ -181,7 +181,7 @@ def _describe(obj: Any) -> str:
 
 
 def _check_fingerprint(target: Target, raw: Any) -> tuple[str, ...]:
-    live = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+    live = fp.function_of(raw)
     live = getattr(live, "__sglang_dp_mtp_fix_original__", live)
     try:
         got = fp.fingerprint_object(live, fp.known_texts(target.name))
@@ -350,12 +350,11 @@ class PatchManager:
                 continue
             new = new_values[target]
             original = res.raw
-            live_new = new.__func__ if isinstance(new, (classmethod, staticmethod)) else new
+            live_new = fp.function_of(new)
             try:
                 setattr(live_new, MARKER, patch.id)
                 if original is not None:
-                    orig_fn = original.__func__ if isinstance(original, (classmethod, staticmethod)) else original
-                    live_new.__sglang_dp_mtp_fix_original__ = orig_fn
+                    live_new.__sglang_dp_mtp_fix_original__ = fp.function_of(original)
             except (AttributeError, TypeError):
                 pass  # plain values (class defaults) carry no marker
             change = _Change(res.owner, res.attr, res.own, original, new)

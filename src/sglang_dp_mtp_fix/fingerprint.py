@@ -63,6 +63,11 @@ def _ends_at(lines: list[str], start: int, count: int) -> bool:
     return True
 
 
+def function_of(obj: Any) -> Any:
+    """The plain function behind a ``classmethod``/``staticmethod`` object (anything else unchanged)."""
+    return obj.__func__ if isinstance(obj, (classmethod, staticmethod)) else obj
+
+
 def fingerprint_object(obj: Any, known_texts: dict[str, tuple[int, str]] | None = None) -> str:
     """Fingerprint of a live function/method. Raises OSError/TypeError when its source is unavailable.
 
@@ -70,8 +75,7 @@ def fingerprint_object(obj: Any, known_texts: dict[str, tuple[int, str]] | None 
     fingerprint (``known_texts``: text digest -> (line count, fingerprint)), that fingerprint is returned without
     tokenizing or parsing; otherwise the AST is fingerprinted (formatting-independent).
     """
-    raw = obj.__func__ if isinstance(obj, (classmethod, staticmethod)) else obj
-    raw = inspect.unwrap(raw)
+    raw = inspect.unwrap(function_of(obj))
     code = getattr(raw, "__code__", None)
     if known_texts and code is not None:
         lines = linecache.getlines(code.co_filename)
