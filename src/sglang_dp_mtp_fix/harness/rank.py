@@ -81,13 +81,21 @@ def setup(rank: int, world: int, port: int, model_path: str, load_plugins: bool)
     return {"rank": rank, "sglang": version("sglang"), "setup_s": round(time.perf_counter() - t0, 2)}
 
 
+def _parameters(key: str, fn: Any) -> Any:
+    """A function's parameters, looked up once per process (per-round introspection would skew the timings)."""
+    cache = _ctx.setdefault("parameters", {})
+    if key not in cache:
+        cache[key] = inspect.signature(inspect.unwrap(fn)).parameters
+    return cache[key]
+
+
 class AdapterStandIn:
     def __init__(self, world: int, get_idle_batch: Any, model_runner: Any):
         from sglang.srt.distributed import parallel_state as ps
         from sglang.srt.managers.scheduler_components import dp_attn
 
         self._dp_attn = dp_attn
-        params = inspect.signature(dp_attn.prepare_mlp_sync_batch_raw).parameters
+        params = _parameters("prepare_mlp_sync_batch_raw", dp_attn.prepare_mlp_sync_batch_raw)
         kw: dict[str, Any] = dict(
             model_runner=model_runner, get_idle_batch=get_idle_batch, disable_cuda_graph=False,
             require_mlp_tp_gather=True, offload_tags=set(),
@@ -214,7 +222,9 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     adapter = AdapterStandIn(_ctx["world"], idle_batch, model_runner)
     scheduler = SchedulerStandIn(running, spec_worker, adapter)
     fn = SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run
-    if len(inspect.signature(inspect.unwrap(fn)).parameters) > 1:  # 0.5.16+: (self, running_batch) -> NextBatchPlan
+    if (
+        len(_parameters("get_next_disagg_decode_batch_to_run", fn)) > 1
+    ):  # 0.5.16+: (self, running_batch) -> NextBatchPlan
         batch = fn(scheduler, running).batch_to_run
     else:  # 0.5.15.post1: (self) -> Optional[ScheduleBatch]
         batch = fn(scheduler)
@@ -319,7 +329,7 @@ def real_forward_batch(batch: Any, spec_algo: Any) -> Any:
     runner = ModelRunnerStandIn(device=_ctx.get("device", "cpu"), spec_algorithm=spec_algo)
     init = ForwardBatch.init_new
     kwargs = {"return_hidden_states_before_norm": False}
-    if "return_hidden_states_before_norm" not in inspect.signature(inspect.unwrap(init)).parameters:
+    if "return_hidden_states_before_norm" not in _parameters("ForwardBatch.init_new", init):
         kwargs = {}
     return init(batch, runner, **kwargs)
 
