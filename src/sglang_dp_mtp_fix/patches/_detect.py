@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.util
 import inspect
 
 from sglang_dp_mtp_fix.core import Status, TargetProblem, Verdict
@@ -66,3 +67,24 @@ def classify_group() -> None:
     verdict = dp_draft_vote_verdict()
     if verdict is not None:
         raise Verdict(*verdict)
+
+
+def module_defines(module: str, name: str) -> bool | None:
+    """Whether ``module``'s source defines ``name`` at top level, read without importing the module.
+
+    For superseded checks on releases where importing the module would pull in CUDA-only code (0.5.22+ also loads
+    plugins in the detokenizer and DP-controller processes). None when the source cannot be found or read.
+    """
+    spec = importlib.util.find_spec(module)
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    if not origin or not origin.endswith(".py"):
+        return None
+    try:
+        with open(origin, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return any(
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name
+        for node in tree.body
+    )
