@@ -36,10 +36,25 @@ from typing import Any
 _ctx: dict[str, Any] = {}
 
 
+def publish_server_args(sa: Any, rank: int = 0) -> None:
+    """Make ``sa`` the process-wide ServerArgs the way this release's scheduler process does."""
+    from sglang.srt import server_args as sa_mod
+
+    try:
+        from sglang.srt import runtime_context as rc
+    except ImportError:
+        rc = None
+    if rc is None or not hasattr(rc, "publish"):
+        sa_mod.set_global_server_args_for_scheduler(sa)
+    elif "ranks" in inspect.signature(rc.publish).parameters:
+        rc.publish(sa, role="scheduler", ranks=rc.SpawnRanks(world_rank=rank))
+    else:
+        rc.publish(sa, role="scheduler")
+
+
 def setup(rank: int, world: int, port: int, model_path: str, load_plugins: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     import sglang  # noqa: F401
-    from sglang.srt import server_args as sa_mod
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.server_args import ServerArgs
 
@@ -51,16 +66,7 @@ def setup(rank: int, world: int, port: int, model_path: str, load_plugins: bool)
         model_path=model_path, device="cpu", tp_size=world, dp_size=world, enable_dp_attention=True,
         skip_tokenizer_init=True, load_format="dummy",
     )  # fmt: skip
-    try:
-        from sglang.srt import runtime_context as rc
-    except ImportError:
-        rc = None
-    if rc is None or not hasattr(rc, "publish"):
-        sa_mod.set_global_server_args_for_scheduler(sa)
-    elif "ranks" in inspect.signature(rc.publish).parameters:
-        rc.publish(sa, role="scheduler", ranks=rc.SpawnRanks(world_rank=rank))
-    else:
-        rc.publish(sa, role="scheduler")
+    publish_server_args(sa, rank)
     ps.init_distributed_environment(
         backend="gloo", world_size=world, rank=rank, local_rank=rank,
         distributed_init_method=f"tcp://127.0.0.1:{port}",
