@@ -54,7 +54,6 @@ def _worker(rank, world, port, rep):
 
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
-    from sglang.srt import runtime_context as rc
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import ServerArgs
@@ -67,10 +66,7 @@ def _worker(rank, world, port, rep):
     sa = ServerArgs(model_path=os.path.join(HERE, "..", "..", "src", "sglang_dp_mtp_fix", "harness", "dummy_model"),
                     device="cuda", tp_size=world, dp_size=world, enable_dp_attention=True, skip_tokenizer_init=True,
                     load_format="dummy")  # fmt: skip
-    if "ranks" in inspect.signature(rc.publish).parameters:
-        rc.publish(sa, role="scheduler", ranks=rc.SpawnRanks(world_rank=rank))
-    else:
-        rc.publish(sa, role="scheduler")
+    harness.publish_server_args(sa, rank)  # runtime_context.publish from 0.5.17; set_global_server_args before
     if hasattr(ps, "set_custom_all_reduce"):
         ps.set_custom_all_reduce(False)
     kw = dict(backend="nccl", world_size=world, rank=rank, local_rank=rank,

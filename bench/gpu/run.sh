@@ -9,7 +9,9 @@ mkdir -p /tmp/sk && python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1])
 for Z in $G/sg/sglang-*-trimmed.zip; do
   V=$(basename "$Z" | sed 's/^sglang-//; s/-trimmed.zip$//')
   rm -rf /tmp/sg && mkdir -p /tmp/sg && python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/sg')" "$Z"
-  export PYTHONPATH=/tmp/sg:/tmp/site:/tmp/sk:$G/stubs/fi SGLANG_VERSION_LABEL=$V
+  export PYTHONPATH=/tmp/sg:/tmp/site:/tmp/sk:$G/stubs/fi:$PWD/bench/gpu/stubs SGLANG_VERSION_LABEL=$V
   echo "=== sglang $V"; python3 -m sglang_dp_mtp_fix.cli doctor 2>&1 | grep -vE "warn|Warn" | tail -5
-  timeout 200 python3 bench/gpu/dp_vote_gpu.py 2>&1 | grep -vE "Warn|warn|^\s*$|DEEPEP|chunked prefill" | cut -c1-600 | tee "$L/dp_vote_gpu-$V.log" | grep -E "^MSG|PARENT" | tail -20
+  [[ ${SKIP_DP_VOTE:-0} == 1 ]] || timeout 200 python3 bench/gpu/dp_vote_gpu.py 2>&1 | grep -vE "Warn|warn|^\s*$|DEEPEP|chunked prefill" | cut -c1-600 | tee "$L/dp_vote_gpu-$V.log" | grep -E "^MSG|PARENT" | tail -20
+  # the DP-padding patches' tensor operations: no host sync, CUDA-graph capture and replay (1 GPU)
+  timeout 120 python3 bench/gpu/padding_ops_gpu.py 2>&1 | grep -E "^RESULT|Error|error" | cut -c1-1500 | tee "$L/padding_ops_gpu-$V.log"
 done

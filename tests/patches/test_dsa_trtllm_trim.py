@@ -303,3 +303,32 @@ def run_args(backend, inputs):
 
 def run_kwargs(inputs):
     return dict(q_rope=inputs["q_rope"], k_rope=inputs["k_rope"], topk_indices=inputs["topk"], save_kv_cache=False)
+
+
+def test_unimportable_dsa_backend_stands_this_patch_down_alone():
+    """Where the DSA backend cannot load (its CUDA-only imports are missing), this process cannot run DSA attention:
+    the patch is not-affected and the DP draft vote is still applied (the lent GPU host without deep_gemm hit this)."""
+    from conftest import last_json, run_python
+
+    proc = run_python(
+        """
+        import importlib.abc, json, sys
+
+        class NoDeepGemm(importlib.abc.MetaPathFinder):  # fault injection: the module's import fails
+            def find_spec(self, name, path=None, target=None):
+                if name == "sglang.srt.layers.attention.dsa_backend":
+                    raise ModuleNotFoundError("No module named 'deep_gemm'")
+
+        sys.meta_path.insert(0, NoDeepGemm())
+        from sglang_dp_mtp_fix import plugin
+
+        print(json.dumps({o.id: [o.status.value, o.reason] for o in plugin.register()}))
+        """
+    )
+    outcomes = last_json(proc.stdout)
+    assert outcomes.pop("dsa_trtllm_trim") == [
+        "not-affected",
+        "sglang.srt.layers.attention.dsa_backend cannot be imported here (ModuleNotFoundError: No module named "
+        "'deep_gemm'); this process cannot run DSA attention, so there is nothing to patch",
+    ]
+    assert {status for status, _ in outcomes.values()} == {"applied"}

@@ -75,7 +75,10 @@ def module_defines(module: str, name: str) -> bool | None:
     For superseded checks on releases where importing the module would pull in CUDA-only code (0.5.22+ also loads
     plugins in the detokenizer and DP-controller processes). None when the source cannot be found or read.
     """
-    spec = importlib.util.find_spec(module)
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a parent package fails to import: the source cannot be read either
+        return None
     origin = getattr(spec, "origin", None) if spec is not None else None
     if not origin or not origin.endswith(".py"):
         return None
@@ -88,3 +91,20 @@ def module_defines(module: str, name: str) -> bool | None:
         isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name
         for node in tree.body
     )
+
+
+def require_dsa_backend_importable(module: str) -> None:
+    """Stand a DSA patch down as not-affected when its module cannot be imported in this process.
+
+    The DSA attention backend imports CUDA-only packages at module level (deep_gemm, flashinfer). Where they are
+    missing, this process cannot run DSA attention at all, so there is nothing to fix; letting the import failure
+    count as a target problem would keep SGLang fully stock and drop the DP draft vote with it.
+    """
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure means "no DSA attention in this process"
+        raise Verdict(
+            Status.NOT_AFFECTED,
+            f"{module} cannot be imported here ({type(exc).__name__}: {exc}); this process cannot run DSA "
+            "attention, so there is nothing to patch",
+        ) from exc

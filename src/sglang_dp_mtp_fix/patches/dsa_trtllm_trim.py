@@ -28,7 +28,7 @@ import functools
 from typing import Any
 
 from sglang_dp_mtp_fix.core import Patch, Resolved, Status, Target, Verdict
-from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict, module_defines
+from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict, module_defines, require_dsa_backend_importable
 
 DSA_BACKEND = "sglang.srt.layers.attention.dsa_backend"
 FORWARD_TRTLLM = Target(DSA_BACKEND, "DeepseekSparseAttnBackend._forward_trtllm")
@@ -118,6 +118,7 @@ class DsaTrtllmTrim(Patch):
         verdict = dp_draft_vote_verdict()
         if verdict is not None and verdict[0] is Status.NOT_AFFECTED:
             raise Verdict(Status.NOT_AFFECTED, verdict[1])
+        require_dsa_backend_importable(DSA_BACKEND)
 
     def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
         return {FORWARD_TRTLLM: make_forward_trtllm(resolved[FORWARD_TRTLLM].raw)}
