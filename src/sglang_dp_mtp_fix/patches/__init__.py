@@ -5,6 +5,7 @@
 | future_seed_authority  | dp_draft_vote  | 3 (overlap: the future flag is authoritative) |
 | eager_draft_gate       | dp_draft_vote  | 1, 2 (worker hook; PD-decode marking)       |
 | draft_graph_vote       | dp_draft_vote  | 4, 5, 6 (vote in the MLP sync; runner gate) |
+| draft_local_rows       | (own)          | 7 (eager draft rows sliced to the local count) |
 | dsa_trtllm_trim        | (own)          | 9 (TRT-LLM DSA decode: trim to the planned batch, zero-pad back) |
 """
 
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 from sglang_dp_mtp_fix.core import Patch
 from sglang_dp_mtp_fix.patches.draft_graph_vote import DraftGraphVote
+from sglang_dp_mtp_fix.patches.draft_local_rows import DraftLocalRows
 from sglang_dp_mtp_fix.patches.dsa_trtllm_trim import DsaTrtllmTrim
 from sglang_dp_mtp_fix.patches.eager_draft_gate import EagerDraftGate
 from sglang_dp_mtp_fix.patches.future_seed_authority import FutureSeedAuthority
 
 
 def all_patches() -> list[Patch]:
-    return [FutureSeedAuthority(), EagerDraftGate(), DraftGraphVote(), DsaTrtllmTrim()]
+    return [FutureSeedAuthority(), EagerDraftGate(), DraftGraphVote(), DraftLocalRows(), DsaTrtllmTrim()]
 
 
-PATCH_IDS = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote", "dsa_trtllm_trim")
+PATCH_IDS = tuple(p.id for p in all_patches())
