@@ -33,6 +33,20 @@ def expected_status() -> str:
     return "not-affected"
 
 
+VOTE_GROUP = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
+LOCAL_ROWS_AFFECTED = ("0.5.16", "0.5.17", "0.5.18")  # idle ranks run the full eager draft loop + topk1 assert
+
+
+def expected_statuses() -> dict[str, str]:
+    """Per patch id, the outcome on this release (the README compatibility table)."""
+    from sglang_dp_mtp_fix.patches import PATCH_IDS
+
+    group = expected_status()
+    per_patch = {pid: group for pid in PATCH_IDS}
+    per_patch["draft_local_rows"] = "applied" if SGLANG_VERSION in LOCAL_ROWS_AFFECTED else "not-affected"
+    return {pid: per_patch[pid] for pid in PATCH_IDS}
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"sglang under test: {SGLANG_VERSION} (expected plugin outcome: {expected_status()})"
 

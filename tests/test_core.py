@@ -8,7 +8,7 @@ import inspect
 import sys
 
 import pytest
-from conftest import SGLANG_VERSION, affected_only, expected_status, requires_sglang
+from conftest import SGLANG_VERSION, VOTE_GROUP, affected_only, expected_statuses, requires_sglang
 
 from sglang_dp_mtp_fix import fingerprint as fp
 from sglang_dp_mtp_fix.config import Config, Mode
@@ -26,10 +26,13 @@ def _live(target: Target):
     return owner, parts[-1]
 
 
-def _snapshot():
-    """Identity of every target attribute (what 'fully stock' means)."""
+def _snapshot(applied_only: bool = False):
+    """Identity of every target attribute (what 'fully stock' means); optionally of the patches this release gets."""
     snap = {}
+    expected = expected_statuses()
     for patch in all_patches():
+        if applied_only and expected[patch.id] != "applied":
+            continue
         for t in patch.targets:
             if t.kind is Kind.CHECK:
                 continue
@@ -41,9 +44,21 @@ def _snapshot():
     return snap
 
 
+def assert_fully_stock(outcomes, reason_part: str = "") -> bool:
+    """Every patch this release would apply is unsupported (none applied); the others keep their verdicts."""
+    expected = expected_statuses()
+    for o in outcomes:
+        if expected[o.id] == "applied":
+            assert o.status is Status.UNSUPPORTED and reason_part in o.reason, o
+        else:
+            assert o.status.value == expected[o.id], o
+    return True
+
+
 def test_patch_ids_and_group():
     assert [p.id for p in all_patches()] == list(PATCH_IDS)
-    assert [[p.id for p in g] for g in groups(all_patches())] == [list(PATCH_IDS)]
+    singles = [[pid] for pid in PATCH_IDS if pid not in VOTE_GROUP]
+    assert [[p.id for p in g] for g in groups(all_patches())] == [list(VOTE_GROUP), *singles]
 
 
 def test_committed_fingerprints_cover_this_release():
@@ -68,19 +83,19 @@ def test_committed_fingerprints_cover_this_release():
 def test_plan_changes_nothing():
     before = _snapshot()
     outcomes, _ = PatchManager(all_patches()).plan(Config())
-    assert {o.status.value for o in outcomes} == {expected_status()}
+    assert {o.id: o.status.value for o in outcomes} == expected_statuses()
     assert _snapshot() == before
 
 
 @affected_only
 def test_apply_verify_restore_by_identity(restored):
-    before = _snapshot()
+    before, before_applied = _snapshot(), _snapshot(applied_only=True)
     outcomes = restored.register()
-    assert [o.status for o in outcomes] == [Status.APPLIED] * 3, outcomes
+    assert {o.id: o.status.value for o in outcomes} == expected_statuses(), outcomes
     after = _snapshot()
     changed = {k for k in before if before[k] is not after[k]}
-    assert changed == set(before), "every WRAP/ADD target must be live"
-    for name, value in after.items():
+    assert changed == set(before_applied), "every WRAP/ADD target of an applied patch is live, no other"
+    for name, value in _snapshot(applied_only=True).items():
         live = value.__func__ if isinstance(value, classmethod) else value
         if callable(live):
             assert getattr(live, MARKER, None) in PATCH_IDS, name
@@ -108,14 +123,31 @@ def test_from_import_copies_are_repointed_and_restored(restored):
 
 
 @affected_only
-@pytest.mark.parametrize("skip", PATCH_IDS)
-def test_skipping_any_member_skips_the_whole_group(skip):
+@pytest.mark.parametrize("skip", VOTE_GROUP)
+def test_skipping_any_member_skips_the_whole_group(skip, restored):
     before = _snapshot()
     manager = PatchManager(all_patches())
-    outcomes = manager.apply(Config(skip=frozenset({skip})))
-    assert all(o.status is Status.DISABLED for o in outcomes)
-    assert all("applies together or not at all" in o.reason for o in outcomes)
+    outcomes = {o.id: o for o in manager.apply(Config(skip=frozenset({skip})))}
+    assert all(outcomes[pid].status is Status.DISABLED for pid in VOTE_GROUP)
+    assert all("applies together or not at all" in outcomes[pid].reason for pid in VOTE_GROUP)
+    after = _snapshot()
+    vote_targets = {t.name for p in all_patches() if p.id in VOTE_GROUP for t in p.targets}
+    assert {k: v for k, v in after.items() if k in vote_targets} == {
+        k: v for k, v in before.items() if k in vote_targets
+    }
+    manager.restore()
     assert _snapshot() == before
+
+
+@affected_only
+@pytest.mark.parametrize("skip", [pid for pid in PATCH_IDS if pid not in VOTE_GROUP])
+def test_skipping_a_single_patch_leaves_the_others(skip):
+    manager = PatchManager(all_patches())
+    outcomes = {o.id: o.status.value for o in manager.apply(Config(skip=frozenset({skip})))}
+    try:
+        assert outcomes == {**expected_statuses(), skip: "disabled"}
+    finally:
+        manager.restore()
 
 
 def test_kill_switch():
@@ -139,7 +171,7 @@ def test_drifted_source_keeps_sglang_fully_stock(monkeypatch):
     before = _snapshot()
     manager = PatchManager(all_patches())
     outcomes = manager.apply(Config())
-    assert all(o.status is Status.UNSUPPORTED for o in outcomes)
+    assert_fully_stock(outcomes)
     bad = next(o for o in outcomes if o.id == "draft_graph_vote")
     assert "can_run_graph" in bad.reason and ("drifted" in bad.reason or "source" in bad.reason)
     assert _snapshot() == before
@@ -160,7 +192,7 @@ def test_foreign_hook_keeps_sglang_fully_stock(monkeypatch):
     before = _snapshot()
     outcomes = PatchManager(all_patches()).apply(Config())
     reason = next(o for o in outcomes if o.id == "draft_graph_vote").reason
-    assert all(o.status is Status.UNSUPPORTED for o in outcomes) and "another hook" in reason
+    assert_fully_stock(outcomes) and "another hook" in reason
     assert _snapshot() == before
 
 
@@ -174,7 +206,7 @@ def test_failure_during_application_rolls_back(monkeypatch):
     monkeypatch.setattr(draft_graph_vote.DraftGraphVote, "replacements", boom)
     before = _snapshot()
     outcomes = PatchManager(all_patches()).apply(Config())
-    assert all(o.status is Status.UNSUPPORTED and "rolled back" in o.reason for o in outcomes)
+    assert_fully_stock(outcomes, "rolled back")
     assert _snapshot() == before
 
 
@@ -184,7 +216,7 @@ def test_missing_target_keeps_sglang_fully_stock(monkeypatch):
     monkeypatch.delattr(dp_attn.MLPSyncBatchInfo, "_get_fallback_tensor")
     before = _snapshot()
     outcomes = PatchManager(all_patches()).apply(Config())
-    assert all(o.status is Status.UNSUPPORTED for o in outcomes)
+    assert_fully_stock(outcomes)
     assert "_get_fallback_tensor is missing" in next(o for o in outcomes if o.id == "draft_graph_vote").reason
     assert _snapshot() == before
 

@@ -4,7 +4,15 @@ strict stops, double load, and the report line."""
 from __future__ import annotations
 
 import pytest
-from conftest import SGLANG_VERSION, expected_status, last_json, requires_sglang, run_python
+from conftest import (
+    SGLANG_VERSION,
+    VOTE_GROUP,
+    expected_status,
+    expected_statuses,
+    last_json,
+    requires_sglang,
+    run_python,
+)
 
 pytestmark = requires_sglang
 
@@ -34,13 +42,13 @@ def probe(env: dict[str, str], pre: str = "", post: str = ""):
 def test_selected_by_sglang_plugins():
     proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert set(out["statuses"].values()) == {expected_status()}
+    assert out["statuses"] == expected_statuses()
     assert out["patched"] is (expected_status() == "applied")
 
 
 def test_empty_sglang_plugins_loads_every_installed_plugin():
     proc, out = probe({"SGLANG_PLUGINS": ""})
-    assert out["loaded"] and set(out["statuses"].values()) == {expected_status()}
+    assert out["loaded"] and out["statuses"] == expected_statuses()
 
 
 def test_not_selected_is_never_imported():
@@ -58,7 +66,7 @@ def test_skip_list_skips_the_group_and_says_so():
     proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix", "SGLANG_DP_MTP_FIX_SKIP": "future_seed_authority"})
     if expected_status() != "applied":
         pytest.skip("nothing to skip on this release")
-    assert set(out["statuses"].values()) == {"disabled"} and out["patched"] is False
+    assert {out["statuses"][pid] for pid in VOTE_GROUP} == {"disabled"} and out["patched"] is False
     assert "applies together or not at all" in out["reasons"]["draft_graph_vote"]
 
 
@@ -99,7 +107,7 @@ def test_strict_stops_on_drifted_source():
 
 def test_strict_on_a_healthy_install():
     proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix", "SGLANG_DP_MTP_FIX": "strict"})
-    assert proc.returncode == 0 and set(out["statuses"].values()) == {expected_status()}
+    assert proc.returncode == 0 and out["statuses"] == expected_statuses()
 
 
 def test_double_load_does_not_double_wrap():
@@ -113,7 +121,7 @@ def test_double_load_does_not_double_wrap():
     )
     proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, post=post)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert set(out["statuses"].values()) == {expected_status()}
+    assert out["statuses"] == expected_statuses()
 
 
 def test_report_line_when_logging_is_configured():
