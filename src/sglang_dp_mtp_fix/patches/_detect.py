@@ -69,11 +69,11 @@ def classify_group() -> None:
         raise Verdict(*verdict)
 
 
-def module_defines(module: str, name: str) -> bool | None:
-    """Whether ``module``'s source defines ``name`` at top level, read without importing the module.
+def module_tree(module: str) -> ast.Module | None:
+    """A module's parsed source, read without importing the module. None when it cannot be found or read.
 
-    For superseded checks on releases where importing the module would pull in CUDA-only code (0.5.22+ also loads
-    plugins in the detokenizer and DP-controller processes). None when the source cannot be found or read.
+    For feature checks on releases where importing the module would pull in CUDA-only code (0.5.22+ also loads
+    plugins in the detokenizer and DP-controller processes).
     """
     try:
         spec = importlib.util.find_spec(module)
@@ -84,8 +84,15 @@ def module_defines(module: str, name: str) -> bool | None:
         return None
     try:
         with open(origin, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read())
+            return ast.parse(fh.read())
     except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def module_defines(module: str, name: str) -> bool | None:
+    """Whether ``module``'s source defines ``name`` at top level (None: source unreadable); no import."""
+    tree = module_tree(module)
+    if tree is None:
         return None
     return any(
         isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
 from typing import Any
 
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Status, Target, Verdict
+from sglang_dp_mtp_fix.patches._detect import module_tree
 from sglang_dp_mtp_fix.report import sglang_version
 
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
@@ -87,25 +87,13 @@ def slice_draft_output_to_local_tokens(
 # ---- classification (read from source, no import) --------------------------------------------------------------
 
 
-def _module_tree(module: str) -> ast.Module | None:
-    spec = importlib.util.find_spec(module)
-    origin = getattr(spec, "origin", None) if spec is not None else None
-    if not origin or not origin.endswith(".py"):
-        return None
-    try:
-        with open(origin, encoding="utf-8") as fh:
-            return ast.parse(fh.read())
-    except (OSError, SyntaxError, ValueError):
-        return None
-
-
 def draft_code_shape() -> tuple[bool, bool] | None:
     """(eagle_worker_v2 uses draft_topk1_postprocess, EagleDraftWorker has _draft_forward_idle); None if unreadable.
 
     Read from the module's source without importing it (0.5.22+ also loads plugins in processes that must not import
     the CUDA-side speculative modules).
     """
-    tree = _module_tree(EAGLE_V2)
+    tree = module_tree(EAGLE_V2)
     if tree is None:
         return None
     uses_postprocess = any(
