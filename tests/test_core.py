@@ -17,6 +17,9 @@ from sglang_dp_mtp_fix.patches import PATCH_IDS, all_patches
 
 pytestmark = requires_sglang
 
+DP_DRAFT_VOTE = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
+IDLE_INDEX = "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer.forward_cuda"
+
 
 def _live(target: Target):
     owner = importlib.import_module(target.module)
@@ -43,7 +46,7 @@ def _snapshot():
 
 def test_patch_ids_and_group():
     assert [p.id for p in all_patches()] == list(PATCH_IDS)
-    assert [[p.id for p in g] for g in groups(all_patches())] == [list(PATCH_IDS)]
+    assert [[p.id for p in g] for g in groups(all_patches())] == [list(DP_DRAFT_VOTE), ["dsa_idle_index"]]
 
 
 def test_committed_fingerprints_cover_this_release():
@@ -76,7 +79,7 @@ def test_plan_changes_nothing():
 def test_apply_verify_restore_by_identity(restored):
     before = _snapshot()
     outcomes = restored.register()
-    assert [o.status for o in outcomes] == [Status.APPLIED] * 3, outcomes
+    assert [o.status for o in outcomes] == [Status.APPLIED] * len(PATCH_IDS), outcomes
     after = _snapshot()
     changed = {k for k in before if before[k] is not after[k]}
     assert changed == set(before), "every WRAP/ADD target must be live"
@@ -108,13 +111,34 @@ def test_from_import_copies_are_repointed_and_restored(restored):
 
 
 @affected_only
-@pytest.mark.parametrize("skip", PATCH_IDS)
+@pytest.mark.parametrize("skip", DP_DRAFT_VOTE)
 def test_skipping_any_member_skips_the_whole_group(skip):
     before = _snapshot()
     manager = PatchManager(all_patches())
-    outcomes = manager.apply(Config(skip=frozenset({skip})))
-    assert all(o.status is Status.DISABLED for o in outcomes)
-    assert all("applies together or not at all" in o.reason for o in outcomes)
+    try:
+        outcomes = {o.id: o for o in manager.apply(Config(skip=frozenset({skip})))}
+        assert all(outcomes[i].status is Status.DISABLED for i in DP_DRAFT_VOTE)
+        assert all("applies together or not at all" in outcomes[i].reason for i in DP_DRAFT_VOTE)
+        assert outcomes["dsa_idle_index"].status is Status.APPLIED  # another group
+        assert {k for k in before if before[k] is not _snapshot()[k]} == {IDLE_INDEX}
+    finally:
+        manager.restore()
+    assert _snapshot() == before
+
+
+@affected_only
+def test_skipping_a_single_patch_group_leaves_the_others_applied():
+    before = _snapshot()
+    manager = PatchManager(all_patches())
+    try:
+        outcomes = {o.id: o for o in manager.apply(Config(skip=frozenset({"dsa_idle_index"})))}
+        assert outcomes["dsa_idle_index"].status is Status.DISABLED
+        assert all(outcomes[i].status is Status.APPLIED for i in DP_DRAFT_VOTE)
+        after = _snapshot()
+        assert before[IDLE_INDEX] is after[IDLE_INDEX]
+        assert {k for k in before if before[k] is not after[k]} == set(before) - {IDLE_INDEX}
+    finally:
+        manager.restore()
     assert _snapshot() == before
 
 

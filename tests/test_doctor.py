@@ -11,6 +11,8 @@ import sys
 import pytest
 from conftest import SGLANG_VERSION, expected_status, requires_sglang
 
+from sglang_dp_mtp_fix.patches import PATCH_IDS
+
 pytestmark = requires_sglang
 
 
@@ -28,7 +30,7 @@ def test_json_shape_and_statuses():
     for key in ("sglang_version", "plugin_version", "mode", "entry_point_selected", "patches"):
         assert key in data
     assert data["sglang_version"] == SGLANG_VERSION and data["mode"] == "auto" and data["entry_point_selected"]
-    assert [p["id"] for p in data["patches"]] == ["future_seed_authority", "eager_draft_gate", "draft_graph_vote"]
+    assert [p["id"] for p in data["patches"]] == list(PATCH_IDS)
     assert {p["status"] for p in data["patches"]} == {expected_status()}
     assert all(p["reason"] for p in data["patches"])
 
