@@ -49,6 +49,21 @@ def test_patch_ids_and_group():
     assert [[p.id for p in g] for g in groups(all_patches())] == [list(DP_DRAFT_VOTE), ["dsa_idle_index"]]
 
 
+def _fingerprint_from_source_file(target: Target) -> str | None:
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(target.module)
+    except ImportError:
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    with open(spec.origin, encoding="utf-8") as fh:
+        node = fp.find_definition(ast.parse(fh.read()), target.qualname)
+    return fp.fingerprint_node(node) if node is not None else None
+
+
 def test_committed_fingerprints_cover_this_release():
     """The generated file lists this release's source for every fingerprinted target it has."""
     data = fp.known_fingerprints()
@@ -61,6 +76,10 @@ def test_committed_fingerprints_cover_this_release():
                 owner, attr = _live(t)
             except Exception:  # noqa: BLE001
                 owner, attr = None, None
+            if owner is None and (got := _fingerprint_from_source_file(t)) is not None:
+                # The module cannot be imported in this CPU venv (e.g. DSA on 0.5.15 needs cutlass): read its file.
+                assert SGLANG_VERSION in data["targets"][t.name][got], (t.name, got)
+                continue
             if owner is None or not hasattr(owner, attr):
                 assert SGLANG_VERSION in data["absent"].get(t.name, []), t.name
                 continue
