@@ -61,6 +61,15 @@ def test_patch_ids_and_group():
     assert [[p.id for p in g] for g in groups(all_patches())] == [list(VOTE_GROUP), *singles]
 
 
+def _fingerprint_from_source_file(target: Target) -> str | None:
+    """The target's fingerprint read from its module's file (for modules this CPU venv cannot import)."""
+    from sglang_dp_mtp_fix.patches._detect import module_tree
+
+    tree = module_tree(target.module)
+    node = fp.find_definition(tree, target.qualname) if tree is not None else None
+    return fp.fingerprint_node(node) if node is not None else None
+
+
 def test_committed_fingerprints_cover_this_release():
     """The generated file lists this release's source for every fingerprinted target it has."""
     data = fp.known_fingerprints()
@@ -73,6 +82,10 @@ def test_committed_fingerprints_cover_this_release():
                 owner, attr = _live(t)
             except Exception:  # noqa: BLE001
                 owner, attr = None, None
+            if owner is None and (got := _fingerprint_from_source_file(t)) is not None:
+                # The module cannot be imported in this CPU venv (e.g. DSA on 0.5.15 needs cutlass): read its file.
+                assert SGLANG_VERSION in data["targets"][t.name][got], (t.name, got)
+                continue
             if owner is None or not hasattr(owner, attr):
                 assert SGLANG_VERSION in data["absent"].get(t.name, []), t.name
                 continue
