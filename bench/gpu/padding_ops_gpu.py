@@ -205,7 +205,45 @@ def check_draft_local_rows(device: torch.device, physical: int = 8, real: int = 
     )  # fmt: skip
 
 
-CHECKS: dict = {"dsa_trtllm_trim": check_trtllm_trim, "draft_local_rows": check_draft_local_rows}
+def check_dsa_idle_index(device: torch.device, physical: int = 8, index_topk: int = 2048) -> None:
+    """SGLang's real ``Indexer.forward_cuda`` (patched) on an idle DP rank's padded rows."""
+    from sglang.srt.layers.attention.dsa import dsa_indexer
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    indexer = object.__new__(dsa_indexer.Indexer)  # built without its weight-allocating __init__
+    indexer.index_topk = index_topk
+    forward_batch = types.SimpleNamespace(forward_mode=ForwardMode.IDLE)
+    x = torch.randn((physical, 64), device=device)
+
+    def idle_index():
+        return dsa_indexer.Indexer.forward_cuda(indexer, x, None, None, forward_batch, 0)
+
+    with no_host_sync(device):
+        out = idle_index()
+    eager_ok = tuple(out.shape) == (physical, index_topk) and out.dtype == torch.int32 and bool((out == -1).all())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        idle_index()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = idle_index()
+    static_out.fill_(7)  # replay must write the all-invalid rows again
+    graph.replay()
+    torch.cuda.synchronize()
+    replay_ok = tuple(static_out.shape) == (physical, index_topk) and bool((static_out == -1).all())
+    report(
+        "dsa_idle_index", physical_rows=physical, host_syncs=0, eager_correct=bool(eager_ok),
+        graph_replay_correct=bool(replay_ok), body="real Indexer.forward_cuda wrapper, SGLang's broadcast/capture helpers",
+    )  # fmt: skip
+
+
+CHECKS: dict = {
+    "dsa_trtllm_trim": check_trtllm_trim,
+    "draft_local_rows": check_draft_local_rows,
+    "dsa_idle_index": check_dsa_idle_index,
+}
 
 
 def main() -> int:
