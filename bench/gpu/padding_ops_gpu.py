@@ -235,7 +235,7 @@ def check_dsa_idle_index(device: torch.device, physical: int = 8, index_topk: in
     replay_ok = tuple(static_out.shape) == (physical, index_topk) and bool((static_out == -1).all())
     report(
         "dsa_idle_index", physical_rows=physical, host_syncs=0, eager_correct=bool(eager_ok),
-        graph_replay_correct=bool(replay_ok), body="real Indexer.forward_cuda wrapper, SGLang's broadcast/capture helpers",
+        graph_replay_correct=bool(replay_ok), body="real Indexer.forward_cuda wrapper + SGLang's helpers",
     )  # fmt: skip
 
 
