@@ -27,11 +27,13 @@ for i in src.infolist():
 dst.close()
 PY
 done
-python3 -m pip download -q $P -d /tmp/gpucarry-sk sglang-kernel==0.4.5
-python3 - <<'PY'
-import glob, zipfile
-src = zipfile.ZipFile(glob.glob('/tmp/gpucarry-sk/sglang_kernel-0.4.5-*.whl')[0])
-dst = zipfile.ZipFile('.gpucarry/sk/sglang_kernel-0.4.5-trimmed-sm90.zip', 'w', zipfile.ZIP_DEFLATED, compresslevel=9)
+SK=${SGLANG_KERNEL:-0.4.5}  # 0.5.15.post1 pins 0.4.4, 0.5.16+ pin 0.4.5
+python3 -m pip download -q $P -d /tmp/gpucarry-sk sglang-kernel==$SK
+python3 - "$SK" <<'PY'
+import glob, sys, zipfile
+sk = sys.argv[1]
+src = zipfile.ZipFile(glob.glob(f'/tmp/gpucarry-sk/sglang_kernel-{sk}-*.whl')[0])
+dst = zipfile.ZipFile(f'.gpucarry/sk/sglang_kernel-{sk}-trimmed-sm90.zip', 'w', zipfile.ZIP_DEFLATED, compresslevel=9)
 drop = lambda n: n == 'sgl_kernel/flash_ops.abi3.so' or n.startswith('sgl_kernel/sm100/') or 'infllm_ops' in n or 'flashmla_ops' in n
 for i in src.infolist():
     if not drop(i.filename):
