@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import SGLANG_VERSION, requires_sglang
+from conftest import AFFECTED, SGLANG_VERSION, requires_sglang
 
 from sglang_dp_mtp_fix.core import Resolved
 from sglang_dp_mtp_fix.patches import draft_local_rows as dlr
@@ -82,6 +82,8 @@ def test_no_padding_returns_the_same_tensors():
 @pytest.fixture(scope="module")
 def dp_rank():
     """Rank 0 of a 2-rank attention-DP group, in this process (see module docstring for the stand-ins)."""
+    if SGLANG_VERSION not in AFFECTED:  # 0.5.21+ reorganised the DP-attention globals; the patch stands down there
+        pytest.skip(f"end-to-end draft steps run on the releases the plugin patches, not {SGLANG_VERSION}")
     import torch.distributed as dist
     from sglang.srt import server_args as sa_mod
     from sglang.srt.distributed import parallel_state as ps
