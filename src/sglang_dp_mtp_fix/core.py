@@ -153,11 +153,10 @@ def resolve(target: Target) -> Resolved | None:
     live = fp.function_of(raw)
     if not callable(live):
         raise TargetProblem(f"{target.name} is not callable")
-    if target.kind is Kind.WRAP:
-        if getattr(live, MARKER, None) is not None:
-            pass  # ours: re-application is handled by the manager (idempotence)
-        elif _foreign_hook(live):
-            raise TargetProblem(f"{target.name} is already wrapped by another hook ({_describe(live)})")
+    # WRAP and CHECK alike: a hook around code we wrap, or around code we rely on unchanged (CHECK), means the
+    # behaviour is no longer the fingerprinted code (the fingerprint alone would see through the wrapper).
+    if getattr(live, MARKER, None) is None and _foreign_hook(live):  # a marker: ours (re-application is idempotent)
+        raise TargetProblem(f"{target.name} is already wrapped by another hook ({_describe(live)})")
     matched = _check_fingerprint(target, raw) if target.fingerprinted else ()
     return Resolved(target, owner, attr, raw, own, matched)
 

@@ -9,6 +9,7 @@ catches ``Exception``) cannot swallow.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from typing import Any
 
@@ -48,9 +49,9 @@ def register() -> list[Outcome]:
         manager.restore()
         raise StrictModeAbort(f"{problem} [SGLANG_DP_MTP_FIX=strict: stopping]")
     if problem:
-        report.logger.warning(problem)
+        report.logger.warning(problem)  # the one WARNING line; the report line below then stays at INFO
     if report.logging_configured() or not manager.applied:
-        report.emit(outcomes, config)
+        report.emit(outcomes, config, level=logging.INFO if problem else None)
     else:
         _report_after_scheduler_init(manager, outcomes, config)
     return outcomes

@@ -51,6 +51,8 @@ def logging_configured() -> bool:
     return bool(logging.getLogger().handlers)
 
 
-def emit(outcomes: Sequence[Outcome], config: Config) -> None:
-    level = logging.WARNING if problem_line(outcomes, config) else logging.INFO
+def emit(outcomes: Sequence[Outcome], config: Config, level: int | None = None) -> None:
+    """Log the report line (WARNING when there is a problem, unless the caller already logged it)."""
+    if level is None:
+        level = logging.WARNING if problem_line(outcomes, config) else logging.INFO
     logger.log(level, summary_line(outcomes, config))
