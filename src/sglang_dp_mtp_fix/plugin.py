@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import report
+from sglang_dp_mtp_fix import peers, report
 from sglang_dp_mtp_fix.config import Config, load_config
 from sglang_dp_mtp_fix.core import Outcome, PatchManager, _Change
 from sglang_dp_mtp_fix.patches import all_patches
@@ -50,10 +50,11 @@ def register() -> list[Outcome]:
         raise StrictModeAbort(f"{problem} [SGLANG_DP_MTP_FIX=strict: stopping]")
     if problem:
         report.logger.warning(problem)  # the one WARNING line; the report line below then stays at INFO
-    if report.logging_configured() or not manager.applied:
+    report_now = report.logging_configured() or not manager.applied
+    if report_now:
         report.emit(outcomes, config, level=logging.INFO if problem else None)
-    else:
-        _report_after_scheduler_init(manager, outcomes, config)
+    if manager.applied:  # only a process we patched touches Scheduler (off/stock/unsupported: nothing is hooked)
+        _after_scheduler_init(manager, outcomes, config, report_pending=not report_now)
     return outcomes
 
 
@@ -64,16 +65,19 @@ def restore() -> None:
     last_config = None
 
 
-def _report_after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config: Config) -> None:
-    """Emit the report once SGLang's logging is live: at the end of the first ``Scheduler.__init__``."""
+def _after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config: Config, report_pending: bool) -> None:
+    """At the end of the first ``Scheduler.__init__`` (SGLang's logging and distributed groups exist by then): emit
+    the held report line, then run the cross-rank patch-state check (``peers``) exactly once."""
     try:
         from sglang.srt.managers.scheduler import Scheduler
-    except Exception:  # noqa: BLE001 - no scheduler in this process: report now
-        report.emit(outcomes, config)
+    except Exception:  # noqa: BLE001 - no scheduler in this process: no groups to check, report now
+        if report_pending:
+            report.emit(outcomes, config)
         return
     original = Scheduler.__dict__.get("__init__")
     if original is None:
-        report.emit(outcomes, config)
+        if report_pending:
+            report.emit(outcomes, config)
         return
     pending = [True]
 
@@ -82,7 +86,23 @@ def _report_after_scheduler_init(manager: PatchManager, outcomes: list[Outcome],
         original(self, *args, **kwargs)
         if pending:
             pending.clear()
-            report.emit(outcomes, config)
+            if report_pending:
+                report.emit(outcomes, config)
+            check_peers(manager, outcomes, config)
 
     Scheduler.__init__ = __init__  # type: ignore[method-assign]
     manager._changes.append(_Change(Scheduler, "__init__", True, original, __init__))
+
+
+def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) -> None:
+    """Compare patch state with every rank of the launch (see ``peers``). A mismatch raises in every mode (an
+    exception out of ``Scheduler.__init__`` brings SGLang's launch down with the message); a store that fails is one
+    warning in ``auto`` and an error in ``strict``."""
+    try:
+        peers.check(outcomes, manager.fingerprints, config.peer_timeout_s)
+    except peers.PeerStateMismatch:
+        raise
+    except peers.PeerCheckError as exc:
+        if config.strict:
+            raise peers.PeerCheckError(f"{exc} [SGLANG_DP_MTP_FIX=strict: stopping]") from exc
+        report.logger.warning("%s; start-up continues (auto mode)", exc)
