@@ -7,12 +7,14 @@ import pytest
 from sglang_dp_mtp_fix.config import (
     MODE_ENV,
     PEER_TIMEOUT_ENV,
+    REPORT_DIR_ENV,
     SKIP_ENV,
     ConfigError,
     Mode,
     load_config,
     parse_mode,
     parse_peer_timeout,
+    parse_report_dir,
     parse_skip,
 )
 
@@ -83,3 +85,15 @@ def test_refused_peer_timeouts_name_the_variable(raw):
         parse_peer_timeout(raw)
     assert PEER_TIMEOUT_ENV in str(exc.value)
     assert load_config(IDS, {PEER_TIMEOUT_ENV: raw}).error
+
+
+@pytest.mark.parametrize(("raw", "path"), [(None, None), ("", None), ("  ", None), ("/var/log/x", "/var/log/x")])
+def test_report_dirs(raw, path):
+    assert parse_report_dir(raw) == path
+
+
+@pytest.mark.parametrize("raw", ["reports", "./reports", "~/reports", "/tmp/\x01", "/tmp/ä"])
+def test_refused_report_dirs_name_the_variable(raw):
+    with pytest.raises(ConfigError) as exc:
+        parse_report_dir(raw)
+    assert REPORT_DIR_ENV in str(exc.value)

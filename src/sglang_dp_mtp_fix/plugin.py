@@ -21,6 +21,7 @@ from sglang_dp_mtp_fix.patches import all_patches
 _lock = threading.Lock()
 _manager: PatchManager | None = None
 last_config: Config | None = None
+_report_path: str | None = None  # this process's report file, once written
 
 
 class StrictModeAbort(SystemExit):
@@ -45,9 +46,12 @@ def register() -> list[Outcome]:
     last_config = config
     outcomes = manager.apply(config)
     problem = report.problem_line(outcomes, config)
-    if problem and config.strict:
+    file_problem = _write_report_file(outcomes, config)
+    if config.strict and (problem or file_problem):
         manager.restore()
-        raise StrictModeAbort(f"{problem} [SGLANG_DP_MTP_FIX=strict: stopping]")
+        raise StrictModeAbort(f"{problem or file_problem} [SGLANG_DP_MTP_FIX=strict: stopping]")
+    if file_problem:
+        report.logger.warning(file_problem)
     if problem:
         report.logger.warning(problem)  # the one WARNING line; the report line below then stays at INFO
     report_now = report.logging_configured() or not manager.applied
@@ -58,11 +62,24 @@ def register() -> list[Outcome]:
     return outcomes
 
 
+def _write_report_file(outcomes: list[Outcome], config: Config) -> str | None:
+    """Write the report file once per process (when configured); returns a problem line instead of raising."""
+    global _report_path
+    if _report_path is not None:
+        return None
+    try:
+        _report_path = report.write_report_file(outcomes, config)
+    except report.ReportFileError as exc:
+        return f"sglang-dp-mtp-fix: report file not written: {exc}"
+    return None
+
+
 def restore() -> None:
     """Put SGLang back to stock (tests; operators use SGLANG_DP_MTP_FIX=off)."""
-    global last_config
+    global last_config, _report_path
     get_manager().restore()
     last_config = None
+    _report_path = None
 
 
 def _after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config: Config, report_pending: bool) -> None:
