@@ -96,6 +96,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("fault injection", sep="-")
     if failed:
         write(f"fault injection (SGLang {SGLANG_VERSION}): {len(failed)} fault x target cases did NOT pass: {failed}")
+    elif not covered:
+        write(f"fault injection (SGLang {SGLANG_VERSION}): no case ran (nothing is patched on this release)")
     else:
         write(
             f"fault injection (SGLang {SGLANG_VERSION}): {len(covered)} faults x targets, all left SGLang stock "

@@ -28,6 +28,7 @@ def test_json_shape_and_statuses():
     for key in ("sglang_version", "plugin_version", "mode", "entry_point_selected", "patches"):
         assert key in data
     assert data["sglang_version"] == SGLANG_VERSION and data["mode"] == "auto" and data["entry_point_selected"]
+    assert data["peer_timeout_s"] == 120 and data["report_dir"] is None
     assert [p["id"] for p in data["patches"]] == ["future_seed_authority", "eager_draft_gate", "draft_graph_vote"]
     assert {p["status"] for p in data["patches"]} == {expected_status()}
     assert all(p["reason"] for p in data["patches"])

@@ -1,9 +1,12 @@
 """SGLang general-plugin entry point (group ``sglang.srt.plugins``, name ``dp_mtp_fix``).
 
 SGLang calls ``register()`` from ``load_plugins()`` in every process that runs the scheduler (and in the main
-process). It reads the configuration once, applies the patch groups, and reports. It never raises in ``auto``/``off``
-mode; in ``strict`` mode a problem raises :class:`StrictModeAbort`, a ``SystemExit`` that SGLang's loader (which
-catches ``Exception``) cannot swallow.
+process). It reads the configuration once, applies the patch groups, writes the report file when configured, and
+reports. It never raises in ``auto``/``off`` mode; in ``strict`` mode a problem raises :class:`StrictModeAbort`, a
+``SystemExit`` that SGLang's loader (which catches ``Exception``) cannot swallow.
+
+Where patches were applied, the end of the first ``Scheduler.__init__`` also runs the cross-rank patch-state check
+(``peers``): ranks that differ raise ``PeerStateMismatch`` there in every mode, which stops SGLang's launch.
 """
 
 from __future__ import annotations
