@@ -74,6 +74,8 @@ def _write_report_file(outcomes: list[Outcome], config: Config) -> str | None:
         _report_path = report.write_report_file(outcomes, config)
     except report.ReportFileError as exc:
         return f"sglang-dp-mtp-fix: report file not written: {exc}"
+    except Exception as exc:  # noqa: BLE001 - diagnostics must never crash the host
+        return f"sglang-dp-mtp-fix: report file not written: {exc!r}"
     return None
 
 
