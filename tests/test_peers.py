@@ -61,10 +61,12 @@ def _rank_main(rank: int, inbox: Any, outbox: Any) -> None:
             result["statuses"] = statuses
         except BaseException:  # noqa: BLE001
             result = {"error": "harness: " + traceback.format_exc(), "statuses": {}}
-        finally:
-            plugin.restore()
-            dist.destroy_process_group()
         outbox.put(result)
+        # Rank 0 hosts the store: tear down only once every rank has answered (else a slower rank's wait would see
+        # the store vanish instead of its own timeout).
+        assert inbox.get() == "teardown"
+        plugin.restore()
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +91,9 @@ def ranks():
                 return [box.get(timeout=120) for box in outboxes]
             except queue.Empty:
                 pytest.fail("a rank did not answer: the check must never hang")
+            finally:
+                for box in inboxes:
+                    box.put("teardown")
 
         yield run
     finally:
@@ -104,7 +109,8 @@ def ranks():
 def test_identical_ranks_start(ranks):
     results = ranks()
     assert [r["error"] for r in results] == [None] * WORLD, results
-    assert all(set(r["statuses"].values()) == {"applied"} for r in results)
+    assert all("applied" in r["statuses"].values() and "unsupported" not in r["statuses"].values() for r in results)
+    assert all(r["statuses"] == results[0]["statuses"] for r in results)
 
 
 @affected_only

@@ -151,7 +151,7 @@ def load(tmp_path: Path, **env: str):
 def test_unset_the_plugin_writes_no_file_anywhere(tmp_path):
     proc, out = load(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert out["writes"] == [] and set(out["statuses"].values()) == {expected_status()}
+    assert out["writes"] == [] and expected_status() in out["statuses"].values()
     assert os.listdir(tmp_path) == []
 
 
@@ -165,7 +165,12 @@ def test_set_exactly_one_file_is_written(tmp_path, mode):
     files = os.listdir(reports)
     assert len(files) == 1 and out["writes"] == [files[0]], (files, out)
     data = json.loads((reports / files[0]).read_text())
-    assert {p["status"] for p in data["patches"]} == ({"disabled"} if mode == "off" else {expected_status()})
+    assert {p["id"]: p["status"] for p in data["patches"]} == out["statuses"]  # what this process decided
+    assert (
+        set(out["statuses"].values()) == {"disabled"}
+        if mode == "off"
+        else expected_status() in out["statuses"].values()
+    )
     assert sorted(os.listdir(tmp_path)) == ["reports"]
 
 
@@ -173,7 +178,8 @@ def test_set_exactly_one_file_is_written(tmp_path, mode):
 def test_a_write_failure_is_one_warning_in_auto_and_a_stop_in_strict(tmp_path):
     missing = str(tmp_path / "no-such-dir")
     proc, out = load(tmp_path, SGLANG_DP_MTP_FIX_REPORT_DIR=missing)
-    assert proc.returncode == 0 and set(out["statuses"].values()) == {expected_status()}, proc.stderr[-3000:]
+    assert proc.returncode == 0 and expected_status() in out["statuses"].values(), proc.stderr[-3000:]
+    assert "unsupported" not in out["statuses"].values()
     lines = [line for line in proc.stderr.splitlines() if "report file not written" in line]
     assert len(lines) == 1 and missing in lines[0], proc.stderr[-2000:]
     proc, _ = load(tmp_path, SGLANG_DP_MTP_FIX_REPORT_DIR=missing, SGLANG_DP_MTP_FIX="strict")
