@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import pytest
 
@@ -94,3 +95,28 @@ def rank_pool():
     pool = RankPool(4, load_plugins=True, env={"SGLANG_PLUGINS": "dp_mtp_fix"})
     yield pool
     pool.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Count and list the fault-injection cases (tests/test_faults.py), so every run shows what was covered."""
+    stats = terminalreporter.stats
+    in_faults = [r for k in ("passed", "failed", "skipped") for r in stats.get(k, []) if "test_faults.py" in r.nodeid]
+    if not in_faults:
+        return
+    covered = sorted(v for r in stats.get("passed", []) for k, v in r.user_properties if k == "fault_injection")
+    failed = sorted({r.nodeid.split("[", 1)[-1].rstrip("]") for r in stats.get("failed", []) if r in in_faults})
+    not_applicable = sum(1 for r in stats.get("skipped", []) if r in in_faults)
+    write = terminalreporter.write_line
+    terminalreporter.section("fault injection", sep="-")
+    if failed:
+        write(f"fault injection (SGLang {SGLANG_VERSION}): {len(failed)} fault x target cases did NOT pass: {failed}")
+    elif not covered:
+        write(f"fault injection (SGLang {SGLANG_VERSION}): no case ran (nothing is patched on this release)")
+    else:
+        write(
+            f"fault injection (SGLang {SGLANG_VERSION}): {len(covered)} faults x targets, all left SGLang stock "
+            "(auto: one warning; strict: StrictModeAbort; doctor --json names it)"
+        )
+    write(f"  {not_applicable} combinations not applicable or absent in this release (reasons: pytest -rs)")
+    for line in covered:
+        write(f"  {line}")

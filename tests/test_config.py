@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, ConfigError, Mode, load_config, parse_mode, parse_skip
+from sglang_dp_mtp_fix.config import (
+    MODE_ENV,
+    PEER_TIMEOUT_ENV,
+    REPORT_DIR_ENV,
+    SKIP_ENV,
+    ConfigError,
+    Mode,
+    load_config,
+    parse_mode,
+    parse_peer_timeout,
+    parse_report_dir,
+    parse_skip,
+)
 
 IDS = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
 
@@ -57,3 +69,31 @@ def test_load_config_never_raises_and_reports_the_error():
     assert cfg.strict and cfg.error and "bogus" in cfg.error
     cfg = load_config(IDS, {MODE_ENV: "off", SKIP_ENV: "draft_graph_vote"})
     assert cfg.mode is Mode.OFF and cfg.error is None and cfg.skip == {"draft_graph_vote"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [(None, 120.0), ("", 120.0), (" 30 ", 30.0), ("2.5", 2.5), (".5", 0.5), ("3600", 3600.0)],
+)
+def test_peer_timeouts(raw, seconds):
+    assert parse_peer_timeout(raw) == seconds
+
+
+@pytest.mark.parametrize("raw", ["0", "0.0", "-5", "3601", "1e3", "inf", "nan", "5s", "1.2.3", ".", "٣"])
+def test_refused_peer_timeouts_name_the_variable(raw):
+    with pytest.raises(ConfigError) as exc:
+        parse_peer_timeout(raw)
+    assert PEER_TIMEOUT_ENV in str(exc.value)
+    assert load_config(IDS, {PEER_TIMEOUT_ENV: raw}).error
+
+
+@pytest.mark.parametrize(("raw", "path"), [(None, None), ("", None), ("  ", None), ("/var/log/x", "/var/log/x")])
+def test_report_dirs(raw, path):
+    assert parse_report_dir(raw) == path
+
+
+@pytest.mark.parametrize("raw", ["reports", "./reports", "~/reports", "/tmp/\x01", "/tmp/ä"])
+def test_refused_report_dirs_name_the_variable(raw):
+    with pytest.raises(ConfigError) as exc:
+        parse_report_dir(raw)
+    assert REPORT_DIR_ENV in str(exc.value)

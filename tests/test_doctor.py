@@ -28,6 +28,7 @@ def test_json_shape_and_statuses():
     for key in ("sglang_version", "plugin_version", "mode", "entry_point_selected", "patches"):
         assert key in data
     assert data["sglang_version"] == SGLANG_VERSION and data["mode"] == "auto" and data["entry_point_selected"]
+    assert data["peer_timeout_s"] == 120 and data["report_dir"] is None
     assert {p["id"]: p["status"] for p in data["patches"]} == expected_statuses()
     assert all(p["reason"] for p in data["patches"])
 

@@ -36,3 +36,10 @@ def test_checker_flags_generic_refusal_and_splits():
     assert "draft paths differ" in check_round(split)
     refused = [{"rank": 0, "ran": True, "draft_path": "eager", "decode_graph": False}]
     assert "generic graph refused" in check_round(refused)
+
+
+def test_fast_profile_checks_the_same_property(rank_pool):
+    """``fuzz --fast`` skips the draft-step collectives: it must still find the stock split and pass patched."""
+    stock = run_property(rank_pool, 100, seed=99, patched=False, collective=False)
+    patched = run_property(rank_pool, 100, seed=99, patched=True, collective=False)
+    assert stock["violations"] > 0 and patched["violations"] == 0, (stock["first"], patched["first"])

@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from sglang_dp_mtp_fix._version import __version__
-from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, Config, Mode, load_config
+from sglang_dp_mtp_fix.config import MODE_ENV, PEER_TIMEOUT_ENV, REPORT_DIR_ENV, SKIP_ENV, Config, Mode, load_config
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "dp_mtp_fix"
@@ -50,6 +50,8 @@ def doctor_report() -> tuple[dict[str, Any], int]:
         "plugin_version": __version__,
         "mode": config.mode.value,
         "skip": sorted(config.skip),
+        "peer_timeout_s": config.peer_timeout_s,
+        "report_dir": config.report_dir,
         "config_error": config.error,
         "entry_point_selected": selected,
         "entry_point_reason": why,
@@ -88,6 +90,10 @@ def _print_text(data: dict[str, Any]) -> None:
     print(f"sglang-dp-mtp-fix {data['plugin_version']} doctor")
     print(f"  SGLang:       {data['sglang_version']}")
     print(f"  mode:         {data['mode']} ({MODE_ENV})   skip: {', '.join(data['skip']) or '-'} ({SKIP_ENV})")
+    print(
+        f"  cross-rank:   wait up to {data['peer_timeout_s']:g}s ({PEER_TIMEOUT_ENV})   report files: "
+        f"{data['report_dir'] or '-'} ({REPORT_DIR_ENV})"
+    )
     if data["config_error"]:
         print(f"  CONFIG ERROR: {data['config_error']}")
     selected = "selected" if data["entry_point_selected"] else "NOT selected"

@@ -3,6 +3,8 @@
 ``SGLANG_DP_MTP_FIX``       auto (default) | off (kill switch; SGLang's false spellings accepted) | strict
 ``SGLANG_DP_MTP_FIX_SKIP``  comma-separated patch ids to leave out (unknown ids are an error)
 ``SGLANG_DP_MTP_FIX_STATS`` log vote counters every N decode batches (unset/empty/0: off)
+``SGLANG_DP_MTP_FIX_PEER_TIMEOUT`` seconds the start-up cross-rank patch-state check waits for every rank (default 120)
+``SGLANG_DP_MTP_FIX_REPORT_DIR`` an existing directory (absolute path) to write one report file per process into
 
 A bad value is never guessed at: it raises :class:`ConfigError` naming the variable and the accepted values, and the
 plugin leaves SGLang stock (``auto``) or stops the process (``strict``).
@@ -18,6 +20,10 @@ from dataclasses import dataclass
 MODE_ENV = "SGLANG_DP_MTP_FIX"
 SKIP_ENV = "SGLANG_DP_MTP_FIX_SKIP"
 STATS_ENV = "SGLANG_DP_MTP_FIX_STATS"
+PEER_TIMEOUT_ENV = "SGLANG_DP_MTP_FIX_PEER_TIMEOUT"
+REPORT_DIR_ENV = "SGLANG_DP_MTP_FIX_REPORT_DIR"
+DEFAULT_PEER_TIMEOUT_S = 120.0
+MAX_PEER_TIMEOUT_S = 3600.0
 
 # SGLang's own boolean parsing (sglang.srt.utils.get_bool_env_var / envs) treats these as false.
 _FALSE_SPELLINGS = frozenset({"off", "0", "false", "no", "n", "f", "disable", "disabled"})
@@ -39,6 +45,8 @@ class Config:
     mode: Mode = Mode.AUTO
     skip: frozenset[str] = frozenset()
     stats_every: int | None = None
+    peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S
+    report_dir: str | None = None  # None: the plugin writes no file at all
     # Set when the config could not be parsed: the plugin then stays stock (auto) or stops (strict).
     error: str | None = None
 
@@ -97,6 +105,37 @@ def parse_stats(raw: str | None) -> int | None:
     return int(value)
 
 
+def parse_peer_timeout(raw: str | None) -> float:
+    if raw is None:
+        return DEFAULT_PEER_TIMEOUT_S
+    value = _clean(PEER_TIMEOUT_ENV, raw)
+    if value == "":
+        return DEFAULT_PEER_TIMEOUT_S
+    digits = value.replace(".", "", 1)
+    # Plain decimal only ("1e3", "inf", "nan", "-5" are refused): 0 would disable the check, so it is refused too.
+    seconds = float(value) if digits.isdigit() else 0.0
+    if not 0 < seconds <= MAX_PEER_TIMEOUT_S:
+        raise ConfigError(
+            f"{PEER_TIMEOUT_ENV}={raw!r} is not a timeout; accepted values: seconds as a plain decimal number, "
+            f"above 0 and at most {MAX_PEER_TIMEOUT_S:g} (default {DEFAULT_PEER_TIMEOUT_S:g}), or empty (default)"
+        )
+    return seconds
+
+
+def parse_report_dir(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    value = _clean(REPORT_DIR_ENV, raw)
+    if value == "":
+        return None
+    # Relative paths would depend on each process's working directory: refused rather than guessed.
+    if not os.path.isabs(value):
+        raise ConfigError(
+            f"{REPORT_DIR_ENV}={raw!r} is not an absolute path; accepted values: an absolute path, or empty"
+        )
+    return value
+
+
 def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = None) -> Config:
     """Parse the environment. Never raises: a bad value yields ``Config(error=...)``.
 
@@ -111,6 +150,8 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
     try:
         skip = parse_skip(env.get(SKIP_ENV), known_ids)
         stats_every = parse_stats(env.get(STATS_ENV))
+        peer_timeout_s = parse_peer_timeout(env.get(PEER_TIMEOUT_ENV))
+        report_dir = parse_report_dir(env.get(REPORT_DIR_ENV))
     except ConfigError as exc:
         return Config(mode=mode, error=str(exc))
-    return Config(mode=mode, skip=skip, stats_every=stats_every)
+    return Config(mode=mode, skip=skip, stats_every=stats_every, peer_timeout_s=peer_timeout_s, report_dir=report_dir)

@@ -80,6 +80,7 @@ class Resolved:
     raw: Any  # owner.__dict__[attr] (or None for ADD / inherited)
     own: bool  # attr defined in owner's own __dict__
     matched: tuple[str, ...] = ()  # releases whose source has this target's fingerprint
+    fingerprint: str | None = None  # the live source's fingerprint (compared across ranks at start-up)
 
 
 class Patch:
@@ -153,13 +154,12 @@ def resolve(target: Target) -> Resolved | None:
     live = fp.function_of(raw)
     if not callable(live):
         raise TargetProblem(f"{target.name} is not callable")
-    if target.kind is Kind.WRAP:
-        if getattr(live, MARKER, None) is not None:
-            pass  # ours: re-application is handled by the manager (idempotence)
-        elif _foreign_hook(live):
-            raise TargetProblem(f"{target.name} is already wrapped by another hook ({_describe(live)})")
-    matched = _check_fingerprint(target, raw) if target.fingerprinted else ()
-    return Resolved(target, owner, attr, raw, own, matched)
+    # WRAP and CHECK alike: a hook around code we wrap, or around code we rely on unchanged (CHECK), means the
+    # behaviour is no longer the fingerprinted code (the fingerprint alone would see through the wrapper).
+    if getattr(live, MARKER, None) is None and _foreign_hook(live):  # a marker: ours (re-application is idempotent)
+        raise TargetProblem(f"{target.name} is already wrapped by another hook ({_describe(live)})")
+    fingerprint, matched = _check_fingerprint(target, raw) if target.fingerprinted else (None, ())
+    return Resolved(target, owner, attr, raw, own, matched, fingerprint)
 
 
 def _foreign_hook(live: Any) -> bool:
@@ -180,7 +180,8 @@ def _describe(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
-def _check_fingerprint(target: Target, raw: Any) -> tuple[str, ...]:
+def _check_fingerprint(target: Target, raw: Any) -> tuple[str, tuple[str, ...]]:
+    """(fingerprint, releases it was seen in); raises TargetProblem unless one of them is an affected release."""
     live = fp.function_of(raw)
     live = getattr(live, "__sglang_dp_mtp_fix_original__", live)
     try:
@@ -195,7 +196,7 @@ def _check_fingerprint(target: Target, raw: Any) -> tuple[str, ...]:
             f"{target.name} source drifted: fingerprint {got} ({where}) is not one of the {len(known)} "
             f"known for {AFFECTED_RELEASES[0]}..{AFFECTED_RELEASES[-1]}"
         )
-    return tuple(seen_in)
+    return got, tuple(seen_in)
 
 
 def _checked_reason(res: dict[Target, Resolved]) -> str:
@@ -234,6 +235,7 @@ class PatchManager:
         self._lock = threading.RLock()
         self._changes: list[_Change] = []
         self.outcomes: list[Outcome] | None = None
+        self.fingerprints: dict[str, str] = {}  # target name -> fingerprint of what was patched (empty when stock)
         groups(self.patches)  # validates requires
 
     @property
@@ -334,6 +336,9 @@ class PatchManager:
                     self._apply_patch(p, resolved[p.id])
                 self._rebind_module_copies()
                 self._verify()
+                self.fingerprints = {
+                    t.name: r.fingerprint for res in resolved.values() for t, r in res.items() if r.fingerprint
+                }
             except Exception as exc:  # noqa: BLE001 - roll back and stay stock
                 self.restore()
                 reason = f"application failed and was rolled back: {type(exc).__name__}: {exc}"
@@ -409,6 +414,7 @@ class PatchManager:
                 elif live is not _MISSING:
                     delattr(ch.owner, ch.attr)
             self.outcomes = None
+            self.fingerprints = {}
         if not_restored:
             import logging
 

@@ -1,18 +1,22 @@
 """SGLang general-plugin entry point (group ``sglang.srt.plugins``, name ``dp_mtp_fix``).
 
 SGLang calls ``register()`` from ``load_plugins()`` in every process that runs the scheduler (and in the main
-process). It reads the configuration once, applies the patch groups, and reports. It never raises in ``auto``/``off``
-mode; in ``strict`` mode a problem raises :class:`StrictModeAbort`, a ``SystemExit`` that SGLang's loader (which
-catches ``Exception``) cannot swallow.
+process). It reads the configuration once, applies the patch groups, writes the report file when configured, and
+reports. It never raises in ``auto``/``off`` mode; in ``strict`` mode a problem raises :class:`StrictModeAbort`, a
+``SystemExit`` that SGLang's loader (which catches ``Exception``) cannot swallow.
+
+Where patches were applied, the end of the first ``Scheduler.__init__`` also runs the cross-rank patch-state check
+(``peers``): ranks that differ raise ``PeerStateMismatch`` there in every mode, which stops SGLang's launch.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import report
+from sglang_dp_mtp_fix import peers, report
 from sglang_dp_mtp_fix.config import Config, load_config
 from sglang_dp_mtp_fix.core import Outcome, PatchManager, _Change
 from sglang_dp_mtp_fix.patches import all_patches
@@ -20,6 +24,7 @@ from sglang_dp_mtp_fix.patches import all_patches
 _lock = threading.Lock()
 _manager: PatchManager | None = None
 last_config: Config | None = None
+_report_path: str | None = None  # this process's report file, once written
 
 
 class StrictModeAbort(SystemExit):
@@ -44,35 +49,57 @@ def register() -> list[Outcome]:
     last_config = config
     outcomes = manager.apply(config)
     problem = report.problem_line(outcomes, config)
-    if problem and config.strict:
+    file_problem = _write_report_file(outcomes, config)
+    if config.strict and (problem or file_problem):
         manager.restore()
-        raise StrictModeAbort(f"{problem} [SGLANG_DP_MTP_FIX=strict: stopping]")
+        raise StrictModeAbort(f"{problem or file_problem} [SGLANG_DP_MTP_FIX=strict: stopping]")
+    if file_problem:
+        report.logger.warning(file_problem)
     if problem:
-        report.logger.warning(problem)
-    if report.logging_configured() or not manager.applied:
-        report.emit(outcomes, config)
-    else:
-        _report_after_scheduler_init(manager, outcomes, config)
+        report.logger.warning(problem)  # the one WARNING line; the report line below then stays at INFO
+    report_now = report.logging_configured() or not manager.applied
+    if report_now:
+        report.emit(outcomes, config, level=logging.INFO if problem else None)
+    if manager.applied:  # only a process we patched touches Scheduler (off/stock/unsupported: nothing is hooked)
+        _after_scheduler_init(manager, outcomes, config, report_pending=not report_now)
     return outcomes
+
+
+def _write_report_file(outcomes: list[Outcome], config: Config) -> str | None:
+    """Write the report file once per process (when configured); returns a problem line instead of raising."""
+    global _report_path
+    if _report_path is not None:
+        return None
+    try:
+        _report_path = report.write_report_file(outcomes, config)
+    except report.ReportFileError as exc:
+        return f"sglang-dp-mtp-fix: report file not written: {exc}"
+    except Exception as exc:  # noqa: BLE001 - diagnostics must never crash the host
+        return f"sglang-dp-mtp-fix: report file not written: {exc!r}"
+    return None
 
 
 def restore() -> None:
     """Put SGLang back to stock (tests; operators use SGLANG_DP_MTP_FIX=off)."""
-    global last_config
+    global last_config, _report_path
     get_manager().restore()
     last_config = None
+    _report_path = None
 
 
-def _report_after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config: Config) -> None:
-    """Emit the report once SGLang's logging is live: at the end of the first ``Scheduler.__init__``."""
+def _after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config: Config, report_pending: bool) -> None:
+    """At the end of the first ``Scheduler.__init__`` (SGLang's logging and distributed groups exist by then): emit
+    the held report line, then run the cross-rank patch-state check (``peers``) exactly once."""
     try:
         from sglang.srt.managers.scheduler import Scheduler
-    except Exception:  # noqa: BLE001 - no scheduler in this process: report now
-        report.emit(outcomes, config)
+    except Exception:  # noqa: BLE001 - no scheduler in this process: no groups to check, report now
+        if report_pending:
+            report.emit(outcomes, config)
         return
     original = Scheduler.__dict__.get("__init__")
     if original is None:
-        report.emit(outcomes, config)
+        if report_pending:
+            report.emit(outcomes, config)
         return
     pending = [True]
 
@@ -81,7 +108,23 @@ def _report_after_scheduler_init(manager: PatchManager, outcomes: list[Outcome],
         original(self, *args, **kwargs)
         if pending:
             pending.clear()
-            report.emit(outcomes, config)
+            if report_pending:
+                report.emit(outcomes, config)
+            check_peers(manager, outcomes, config)
 
     Scheduler.__init__ = __init__  # type: ignore[method-assign]
     manager._changes.append(_Change(Scheduler, "__init__", True, original, __init__))
+
+
+def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) -> None:
+    """Compare patch state with every rank of the launch (see ``peers``). A mismatch raises in every mode (an
+    exception out of ``Scheduler.__init__`` brings SGLang's launch down with the message); a store that fails is one
+    warning in ``auto`` and an error in ``strict``."""
+    try:
+        peers.check(outcomes, manager.fingerprints, config.peer_timeout_s)
+    except peers.PeerStateMismatch:
+        raise
+    except peers.PeerCheckError as exc:
+        if config.strict:
+            raise peers.PeerCheckError(f"{exc} [SGLANG_DP_MTP_FIX=strict: stopping]") from exc
+        report.logger.warning("%s; start-up continues (auto mode)", exc)

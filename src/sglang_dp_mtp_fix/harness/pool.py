@@ -41,6 +41,8 @@ def _rank_main(rank: int, world: int, port: int, load_plugins: bool, inbox: Any,
                 result = r.run_round(payload)
             elif command == "rounds":
                 result = r.run_rounds(payload)
+            elif command == "decisions":  # no draft-step collective emulation (fuzz --fast)
+                result = r.run_rounds(payload, collective=False)
             elif command == "plugin":
                 result = r.plugin(payload)
             else:
@@ -142,14 +144,22 @@ class RankPool:
         assert len(states) == self.world
         return self._send("round", states, timeout)
 
-    def rounds(self, per_rank_states: list[list[dict[str, Any]]], timeout: float | None = 600) -> list[list[dict]]:
-        """Run len(per_rank_states[0]) rounds; returns one list of round results per rank."""
-        assert len(per_rank_states) == self.world
-        return self._send("rounds", per_rank_states, timeout)
+    def rounds(
+        self, per_rank_states: list[list[dict[str, Any]]], timeout: float | None = 600, collective: bool = True
+    ) -> list[list[dict]]:
+        """Run len(per_rank_states[0]) rounds; returns one list of round results per rank.
 
-    def run_trace(self, trace: list[list[dict[str, Any]]], timeout: float | None = 600) -> list[list[dict]]:
+        ``collective=False``: each rank still runs SGLang's real PD-decode round and MLP sync and reports its
+        decisions, but does not emulate the draft step's collectives afterwards (compare the decisions instead).
+        """
+        assert len(per_rank_states) == self.world
+        return self._send("rounds" if collective else "decisions", per_rank_states, timeout)
+
+    def run_trace(
+        self, trace: list[list[dict[str, Any]]], timeout: float | None = 600, collective: bool = True
+    ) -> list[list[dict]]:
         """Run a trace given round by round (one state per rank in each round); results come back the same way."""
-        per_rank = self.rounds([[states[r] for states in trace] for r in range(self.world)], timeout)
+        per_rank = self.rounds([[states[r] for states in trace] for r in range(self.world)], timeout, collective)
         return [[per_rank[r][i] for r in range(self.world)] for i in range(len(trace))]
 
     def plugin(self, command: str | dict[str, Any] | list[Any]) -> list[dict[str, Any]]:

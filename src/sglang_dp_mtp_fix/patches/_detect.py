@@ -52,7 +52,9 @@ def dp_draft_vote_verdict() -> tuple[Status, str] | None:
             "the MLP-sync column can_run_draft_cuda_graph, checked by EAGLEDraftCudaGraphRunner; upstream 0.5.21+)",
         )
     worker = getattr(eagle_worker_v2, "EagleDraftWorker", None)
-    if worker is None or not hasattr(worker, "draft"):
+    # Its own definition: an inherited abstract ``draft`` (the method moved or renamed) is unknown code, not "no
+    # seedless fallback" (which would stand the plugin down silently while the bug may be present).
+    if worker is None or "draft" not in vars(worker):
         raise TargetProblem("sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker.draft is missing")
     if "future_dsa_topk_indices_available" not in input_fields or not _has_seedless_eager_fallback(worker.draft):
         return (

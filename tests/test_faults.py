@@ -1,0 +1,301 @@
+"""Fault injection: every target of every patch x every fault, on the real installed SGLang.
+
+The case list is built from ``all_patches()`` at collection time, so a new patch's targets are covered without
+touching this file. Faults: the target is missing, renamed, has a changed signature, has a drifted body, raises
+while being applied, or is already hooked by another plugin. Each applicable case must leave SGLang fully stock
+(identity of every target, the report seam and every plugin-marked object checked), with exactly one WARNING line
+in ``auto``, ``StrictModeAbort`` in ``strict``, and ``doctor --json`` naming the problem. Combinations that cannot
+apply to a target kind are skipped with the reason in the skip message (``-rs``); ``conftest.py`` counts and lists
+the cases at the end of the run.
+
+How a fault is made (SGLang itself is never edited on disk; ``monkeypatch`` undoes every change):
+  * missing / renamed: the attribute (ADD targets: the class that would receive the new attribute) is deleted
+    from where it is defined, or moved to ``<name>_renamed``.
+  * signature / drifted: the target's real source, read from the installed release, gets one extra keyword-only
+    parameter / one extra trailing ``pass``, and is compiled under a file name inside SGLang's package (so it looks
+    like SGLang's own code, as in a fork or a dev build, not like a foreign hook); nothing is copied into the repo.
+  * raising: the owning patch's ``replacements`` raises when the manager installs that target (earlier targets are
+    already live, so the rollback is exercised).
+  * foreign hook: a ``functools.wraps`` wrapper from this file sits on the target (ADD: the attribute already
+    exists, as if another plugin added it).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import inspect
+import json
+import linecache
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SGLANG_VERSION, affected_only
+
+from sglang_dp_mtp_fix import cli
+from sglang_dp_mtp_fix import fingerprint as fp
+from sglang_dp_mtp_fix.config import MODE_ENV, Config
+from sglang_dp_mtp_fix.core import MARKER, Kind, Patch, PatchManager, Target
+from sglang_dp_mtp_fix.patches import all_patches
+
+pytestmark = affected_only
+
+FAULTS = ("missing", "renamed", "signature", "drifted", "raising", "foreign_hook")
+FAULT_PROPERTY = "fault_injection"  # user property read by conftest's terminal summary
+
+
+def not_applicable(target: Target, fault: str) -> str | None:
+    """Why ``fault`` cannot be made on ``target`` (by its kind), or None."""
+    if target.kind is Kind.ADD and fault in ("signature", "drifted"):
+        return "an ADD target is a new attribute: it has no existing signature or body to drift"
+    if fault in ("signature", "drifted") and not target.fingerprinted:
+        return "target is not fingerprinted (declared so by its patch)"
+    if target.kind is Kind.CHECK and fault == "raising":
+        return "a CHECK target is never changed during application, so nothing can raise there"
+    if not target.required and fault in ("missing", "renamed"):
+        return "optional target: its absence is a supported layout (it exists only in some releases)"
+    return None
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for patch in all_patches():
+        for target in patch.targets:
+            for fault in FAULTS:
+                why = not_applicable(target, fault)
+                marks = [pytest.mark.skip(reason=f"n/a ({target.kind.value} target): {why}")] if why else []
+                on = "class-" if target.kind is Kind.ADD and fault in ("missing", "renamed") else ""
+                cases.append(pytest.param(patch.id, target, fault, id=f"{fault}-{on}{target.name}", marks=marks))
+    return cases
+
+
+def _resolve_path(module: str, dotted: str) -> tuple[Any, str]:
+    obj: Any = importlib.import_module(module)
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        obj = getattr(obj, part)
+    return obj, parts[-1]
+
+
+def _fault_site(target: Target) -> tuple[Any, str]:
+    """Where the fault is made: the class itself for ADD targets, else the object that defines the attribute
+    (a module, the class, or the base class it is inherited from)."""
+    if target.kind is Kind.ADD:
+        return _resolve_path(target.module, target.qualname)
+    owner, attr = _resolve_path(target.module, target.qualname)
+    if inspect.isclass(owner):
+        owner = next((c for c in owner.__mro__ if attr in c.__dict__), owner)
+    return owner, attr
+
+
+def _target_value(target: Target) -> Any:
+    """The live attribute behind a target (``<absent>`` when it does not exist)."""
+    try:
+        if target.kind is Kind.ADD:
+            holder, name = _resolve_path(target.module, target.qualname)
+            return getattr(holder, name).__dict__.get(target.attr or "", "<absent>")
+        owner, attr = _resolve_path(target.module, target.qualname)
+        return owner.__dict__.get(attr, "<absent>")
+    except Exception:  # noqa: BLE001 - a fault may have removed the owner itself
+        return "<absent>"
+
+
+def _marked_objects() -> list[str]:
+    """Every object carrying the plugin's marker in an SGLang module or class namespace (must be none when stock)."""
+    found = []
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not (name == "sglang" or name.startswith("sglang.")):
+            continue
+        for key, value in list(vars(mod).items()):
+            spaces = [(key, value)]
+            if inspect.isclass(value) and value.__module__ == name:
+                spaces += [(f"{key}.{k}", v) for k, v in list(value.__dict__.items())]
+            for label, obj in spaces:
+                func = fp.function_of(obj)
+                if inspect.isfunction(func) and MARKER in func.__dict__:
+                    found.append(f"{name}.{label}")
+    return found
+
+
+def stock_state() -> dict[str, Any]:
+    """What 'fully stock' means, by identity: every target of every patch, the report seam, no marked object."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    state: dict[str, Any] = {t.name: _target_value(t) for p in all_patches() for t in p.targets}
+    state["Scheduler.__init__"] = Scheduler.__dict__.get("__init__")
+    state["marked objects"] = tuple(_marked_objects())
+    return state
+
+
+def assert_same(before: dict[str, Any], after: dict[str, Any]) -> None:
+    assert before.keys() == after.keys()
+    changed = [k for k in before if before[k] is not after[k] and before[k] != after[k]]
+    assert not changed, f"not stock after the fault: {changed}"
+    assert after["marked objects"] == ()
+
+
+def _clear_detection_caches() -> None:
+    """Feature detection is cached per process (it runs once at load in production); a fault must be seen fresh and
+    must not leave a cached verdict behind for the next case."""
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("sglang_dp_mtp_fix.patches") and mod is not None:
+            for value in list(vars(mod).values()):
+                if callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
+
+
+@functools.lru_cache(maxsize=1)
+def baseline() -> dict[str, str]:
+    """Each patch's outcome on this release without any fault (computed once, before the first fault is made)."""
+    _clear_detection_caches()
+    outcomes, _ = PatchManager(all_patches()).plan(Config())
+    return {o.id: o.status.value for o in outcomes}
+
+
+def assert_stood_down(statuses: dict[str, str]) -> None:
+    """Nothing applied: every patch that applies here without the fault is unsupported (one problem keeps SGLang
+    fully stock); the others keep their verdict (not-affected, superseded) or are unsupported too."""
+    base = baseline()
+    assert "applied" not in statuses.values(), statuses
+    for pid, status in statuses.items():
+        assert status == "unsupported" if base[pid] == "applied" else status in (base[pid], "unsupported"), statuses
+
+
+def _variant(raw: Any, fault: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The target's real source with a changed signature or body, compiled as if it were SGLang's own code."""
+    func = inspect.unwrap(fp.function_of(raw))
+    source = inspect.getsource(func)
+    indented = source[:1].isspace()
+    tree = ast.parse("if 1:\n" + source if indented else source)
+    node = tree.body[0].body[0] if indented else tree.body[0]  # type: ignore[attr-defined]
+    assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)), type(node)
+    if fault == "signature":
+        node.args.kwonlyargs.append(ast.arg(arg="injected_fault_param"))
+        node.args.kw_defaults.append(ast.Constant(None))
+    else:
+        node.body.append(ast.Pass())
+    module = ast.Module(body=[node], type_ignores=[])
+    text = ast.unparse(ast.fix_missing_locations(module)) + "\n"
+    sglang_dir = Path(sys.modules["sglang"].__file__ or "").parent
+    filename = str(sglang_dir / f"_injected_{fault}_{func.__module__.replace('.', '_')}_{func.__qualname__}.py")
+    # Registered in linecache (like any loader-provided source) so inspect.getsource finds the drifted text.
+    monkeypatch.setitem(linecache.cache, filename, (len(text), None, text.splitlines(True), filename))
+    namespace = dict(vars(sys.modules[func.__module__]))
+    exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - compiles SGLang's own (edited) source
+    new = namespace[node.name]
+    if isinstance(raw, (classmethod, staticmethod)) and not isinstance(new, (classmethod, staticmethod)):
+        new = type(raw)(new)
+    return new
+
+
+class _RaisesAt(dict):
+    """A patch's replacement values that raise when the manager installs ``target``."""
+
+    def __init__(self, values: dict[Target, Any], target: Target):
+        super().__init__(values)
+        self.target = target
+
+    def __getitem__(self, key: Target) -> Any:
+        if key == self.target:
+            raise RuntimeError(f"injected fault while applying {key.name}")
+        return super().__getitem__(key)
+
+
+def inject(patch_id: str, target: Target, fault: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Make ``fault`` on ``target``; returns the text the problem report must contain."""
+    site, name = _fault_site(target)
+    if fault in ("missing", "renamed"):
+        if not hasattr(site, name):
+            pytest.skip(f"{target.name} is absent in SGLang {SGLANG_VERSION}")
+        value = site.__dict__[name]
+        monkeypatch.delattr(site, name)
+        if fault == "renamed":
+            monkeypatch.setattr(site, f"{name}_renamed", value, raising=False)
+        return name
+    if fault == "foreign_hook" and target.kind is Kind.ADD:
+        monkeypatch.setattr(getattr(site, name), target.attr or "", "another plugin's value", raising=False)
+        return target.attr or ""
+    if not hasattr(site, name):
+        pytest.skip(f"{target.name} is absent in SGLang {SGLANG_VERSION}")
+    if fault == "raising":
+        patch_cls = type(next(p for p in all_patches() if p.id == patch_id))
+        real = patch_cls.replacements
+
+        def replacements(self: Patch, resolved: dict[Target, Any]) -> dict[Target, Any]:
+            return _RaisesAt(real(self, resolved), target)
+
+        monkeypatch.setattr(patch_cls, "replacements", replacements)
+        return target.name
+    raw = site.__dict__.get(name, inspect.getattr_static(site, name))
+    if fault in ("signature", "drifted"):
+        monkeypatch.setattr(site, name, _variant(raw, fault, monkeypatch))
+        return name
+    if fault == "foreign_hook":
+        func = fp.function_of(raw)
+
+        @functools.wraps(func)
+        def another_plugins_hook(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, **kwargs)
+
+        hooked = (
+            type(raw)(another_plugins_hook) if isinstance(raw, (classmethod, staticmethod)) else another_plugins_hook
+        )
+        owner, attr = _resolve_path(target.module, target.qualname)
+        monkeypatch.setattr(owner, attr, hooked)
+        return name
+
+
+@pytest.mark.parametrize(("patch_id", "target", "fault"), _cases())
+def test_fault_leaves_sglang_stock(patch_id, target, fault, monkeypatch, caplog, capsys, request, restored):
+    from sglang_dp_mtp_fix.plugin import StrictModeAbort
+
+    if baseline()[patch_id] != "applied":
+        pytest.skip(f"{patch_id} is {baseline()[patch_id]} on SGLang {SGLANG_VERSION}: its targets are not checked")
+    pristine = stock_state()
+    with monkeypatch.context() as m:
+        needle = inject(patch_id, target, fault, m)
+        before = stock_state()
+
+        # auto: fully stock, exactly one WARNING line, naming the problem
+        m.setenv(MODE_ENV, "auto")
+        _clear_detection_caches()
+        restored.restore()
+        with caplog.at_level(logging.INFO, logger="sglang_dp_mtp_fix"):
+            outcomes = restored.register()
+        assert_stood_down({o.id: o.status.value for o in outcomes})
+        ours = [r for r in caplog.records if r.name.startswith("sglang_dp_mtp_fix")]
+        warnings = [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "SGLang left stock" in warnings[0], warnings
+        assert needle in " ".join(o.reason for o in outcomes), outcomes
+        assert_same(before, stock_state())
+
+        # strict: a process stop that SGLang's loader cannot swallow, still fully stock
+        m.setenv(MODE_ENV, "strict")
+        _clear_detection_caches()
+        restored.restore()
+        with pytest.raises(StrictModeAbort, match="strict: stopping"):
+            restored.register()
+        assert_same(before, stock_state())
+
+        # doctor --json (the console script's code path, in this process where the fault lives)
+        m.setenv(MODE_ENV, "auto")
+        _clear_detection_caches()
+        capsys.readouterr()
+        code = cli.main(["doctor", "--json"])
+        data = json.loads(capsys.readouterr().out)
+        statuses = {p["id"]: p["status"] for p in data["patches"]}
+        if fault == "raising":
+            # doctor checks without applying: an exception while installing is only seen at load (rolled back).
+            assert code == 0 and statuses == baseline()
+        else:
+            assert code == 1, data
+            assert_stood_down(statuses)
+            assert needle in " ".join(p["reason"] for p in data["patches"]), data
+        restored.restore()
+    _clear_detection_caches()
+    assert_same(pristine, stock_state())  # and the fault itself is gone
+    request.node.user_properties.append((FAULT_PROPERTY, f"{fault:<13} {target.kind.value:<5} {target.name}"))
