@@ -93,8 +93,10 @@ def can_run_graph_time() -> dict:
 ACTIVATION = """
 import json, sys, time
 import sglang.srt.managers.scheduler  # what a scheduler process has imported before load_plugins()
-if sys.argv[1] == "warm":  # the speculative modules SGLang imports moments later for an EAGLE scheduler anyway
+if sys.argv[1] in ("warm", "dsa-warm"):  # the speculative modules SGLang imports moments later for EAGLE anyway
     import sglang.srt.speculative.eagle_worker_v2, sglang.srt.speculative.eagle_draft_cuda_graph_runner
+if sys.argv[1] == "dsa-warm":  # ... and the DSA modules a GLM-5.2 (DSA) scheduler imports when it builds the model
+    import sglang.srt.layers.attention.dsa_backend, sglang.srt.layers.attention.dsa.dsa_indexer
 t0 = time.perf_counter()
 from sglang_dp_mtp_fix import plugin
 outcomes = plugin.register()
@@ -104,10 +106,11 @@ print(json.dumps({"ms": (time.perf_counter() - t0) * 1e3, "statuses": [o.status.
 
 def activation_time(repeats: int = 5) -> dict:
     """register() in a fresh process after SGLang's own imports ('warm': the speculative modules an EAGLE scheduler
-    imports anyway are loaded; 'cold': our check imports them first, shifting that cost earlier)."""
+    imports anyway are loaded; 'dsa-warm': the DSA attention modules a DSA model imports are loaded too; 'cold': our
+    checks import all of them first, shifting that cost earlier)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DP_MTP_FIX")}
     out = {}
-    for mode in ("warm", "cold"):
+    for mode in ("warm", "dsa-warm", "cold"):
         runs = []
         for _ in range(repeats):
             proc = subprocess.run([sys.executable, "-c", textwrap.dedent(ACTIVATION), mode], env=env,
