@@ -48,6 +48,21 @@ class no_host_sync:
             torch.cuda.set_sync_debug_mode("default")
 
 
+def capture(step):
+    """Warm ``step`` up on a side stream (Triton compile, allocator), then capture it in a CUDA graph.
+
+    Returns the graph and the outputs of the captured call (static tensors that every replay rewrites)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    return graph, static
+
+
 def report(check: str, **fields) -> None:
     print("RESULT " + json.dumps({"sglang": VERSION, "check": check, **fields}), flush=True)
 
@@ -142,14 +157,7 @@ def check_trtllm_trim(device: torch.device, physical: int = 8, real: int = 5) ->
         report("dsa_trtllm_trim", eager_correct=bool(eager_ok), smoke="cpu")
         return
     # capture with padding, replay on new query data, compare with an eager run on the same data
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call_trtllm(backend, inputs)  # warm-up outside capture (Triton compile, allocator)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = call_trtllm(backend, inputs)
+    graph, static_out = capture(lambda: call_trtllm(backend, inputs))
     inputs["q"].copy_(torch.randn_like(inputs["q"]))
     graph.replay()
     torch.cuda.synchronize()
@@ -188,14 +196,7 @@ def check_draft_local_rows(device: torch.device, physical: int = 8, real: int = 
         and positions[:real].tolist() == list(range(101, 101 + real))  # advanced in place through the view
         and positions[real:].tolist() == list(range(100 + real, 100 + physical))  # padding rows untouched
     )
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_index, _ = step()
+    graph, (static_index, _) = capture(step)
     logits.copy_(torch.randn_like(logits))
     graph.replay()
     torch.cuda.synchronize()
@@ -222,14 +223,7 @@ def check_dsa_idle_index(device: torch.device, physical: int = 8, index_topk: in
     with no_host_sync(device):
         out = idle_index()
     eager_ok = tuple(out.shape) == (physical, index_topk) and out.dtype == torch.int32 and bool((out == -1).all())
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        idle_index()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = idle_index()
+    graph, static_out = capture(idle_index)
     static_out.fill_(7)  # replay must write the all-invalid rows again
     graph.replay()
     torch.cuda.synchronize()

@@ -26,7 +26,6 @@ STAND-INs (each one: what cannot run on a CPU-only box):
 from __future__ import annotations
 
 import inspect
-import os
 import socket
 from array import array
 from types import SimpleNamespace
@@ -85,25 +84,15 @@ def dp_rank():
     if SGLANG_VERSION not in AFFECTED:  # 0.5.21+ reorganised the DP-attention globals; the patch stands down there
         pytest.skip(f"end-to-end draft steps run on the releases the plugin patches, not {SGLANG_VERSION}")
     import torch.distributed as dist
-    from sglang.srt import server_args as sa_mod
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.layers import dp_attention
     from sglang.srt.server_args import ServerArgs
 
     from sglang_dp_mtp_fix.harness import rank as harness_rank
+    from sglang_dp_mtp_fix.harness.pool import DUMMY_MODEL
 
-    model_path = os.path.join(os.path.dirname(harness_rank.__file__), "dummy_model")
-    sa = ServerArgs(model_path=model_path, device="cpu", skip_tokenizer_init=True, load_format="dummy")
-    try:
-        from sglang.srt import runtime_context as rc
-    except ImportError:
-        rc = None
-    if rc is None or not hasattr(rc, "publish"):
-        sa_mod.set_global_server_args_for_scheduler(sa)
-    elif "ranks" in inspect.signature(rc.publish).parameters:
-        rc.publish(sa, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
-    else:
-        rc.publish(sa, role="scheduler")
+    sa = ServerArgs(model_path=str(DUMMY_MODEL), device="cpu", skip_tokenizer_init=True, load_format="dummy")
+    harness_rank.publish_server_args(sa)
     if not dist.is_initialized():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

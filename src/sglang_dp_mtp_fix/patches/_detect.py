@@ -91,13 +91,16 @@ def module_source(module: str) -> str | None:
         return None
 
 
-def module_tree(module: str) -> ast.Module | None:
-    """A module's parsed source (no import); None when it cannot be found, read or parsed."""
-    source = module_source(module)
+def _parse(source: str | None) -> ast.Module | None:
     try:
         return ast.parse(source) if source is not None else None
     except (SyntaxError, ValueError):
         return None
+
+
+def module_tree(module: str) -> ast.Module | None:
+    """A module's parsed source (no import); None when it cannot be found, read or parsed."""
+    return _parse(module_source(module))
 
 
 def module_defines(module: str, name: str) -> bool | None:
@@ -111,7 +114,7 @@ def module_defines(module: str, name: str) -> bool | None:
         return None
     if name not in source:
         return False
-    tree = module_tree(module)
+    tree = _parse(source)  # the text already read, not a second read of the file
     if tree is None:
         return None
     return any(
