@@ -62,19 +62,54 @@ def restored():
     plugin.restore()
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter of this venv (loader tests must start from a clean process)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DP_MTP_FIX")}
-    full_env.pop("SGLANG_PLUGINS", None)
+def run_python(
+    code: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    fresh: bool = False,
+    drop_prefixes: tuple[str, ...] = ("SGLANG_DP_MTP_FIX", "SGLANG_PLUGINS"),
+) -> subprocess.CompletedProcess:
+    """Run ``code`` as ``python -c`` in a pristine process of this venv: this test process's environment without the
+    plugin's variables (or whatever ``drop_prefixes`` names), plus ``env``.
+
+    Default: a child forked from the pristine forkserver (SGLang's scheduler modules imported, as in a scheduler
+    process when SGLang calls ``load_plugins()``; the plugin not loaded), so each case does not pay SGLang's import.
+    ``fresh=True``: a new interpreter, for the cases whose subject is import order itself (the plugin loaded before
+    any scheduler module, as in the launcher process)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(drop_prefixes)}
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=os.path.dirname(__file__),
-    )
+    cwd = os.path.dirname(__file__)
+    if fresh:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+        )
+    return _run_forked(textwrap.dedent(code), full_env, cwd, timeout)
+
+
+def _run_forked(code: str, env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
+    import tempfile
+
+    import pristine
+
+    from sglang_dp_mtp_fix.harness.pool import pristine_context
+
+    with tempfile.TemporaryDirectory(prefix="pristine-") as tmp:
+        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        child = pristine_context().Process(target=pristine.run_code, args=(code, env, cwd, out, err))
+        child.start()
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join(30)
+            raise subprocess.TimeoutExpired(["<pristine child>", "-c", code], timeout)
+        with open(out) as f_out, open(err) as f_err:
+            stdout, stderr = f_out.read(), f_err.read()
+    return subprocess.CompletedProcess(["<pristine child>", "-c", code], child.exitcode, stdout, stderr)
 
 
 def last_json(stdout: str) -> dict:

@@ -9,20 +9,27 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SGLANG_VERSION, expected_status, expected_statuses, requires_sglang
+from conftest import SGLANG_VERSION, expected_status, expected_statuses, requires_sglang, run_python
 
 pytestmark = requires_sglang
 
 
-def doctor(*args: str, **env: str) -> subprocess.CompletedProcess:
+def doctor_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """The installed console script, in a new interpreter (what an operator runs)."""
     exe = shutil.which("sglang-dp-mtp-fix", path=os.path.dirname(sys.executable))
     assert exe, "console script not installed"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
     return subprocess.run([exe, "doctor", *args], env={**clean, **env}, capture_output=True, text=True, timeout=300)
 
 
+def doctor(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """The console script's ``main`` in a pristine forked process (same code path, without a fresh SGLang import)."""
+    code = f"import sys\nfrom sglang_dp_mtp_fix.cli import main\nsys.exit(main({['doctor', *args]!r}))\n"
+    return run_python(code, env, drop_prefixes=("SGLANG_",))
+
+
 def test_json_shape_and_statuses():
-    proc = doctor("--json")
+    proc = doctor_cli("--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     for key in ("sglang_version", "plugin_version", "mode", "entry_point_selected", "patches"):

@@ -1,5 +1,10 @@
-"""Loading through SGLang's own ``load_plugins()`` in fresh processes: selection, modes, skip lists, bad values,
-strict stops, double load, and the report line."""
+"""Loading through SGLang's own ``load_plugins()`` in pristine processes: selection, modes, skip lists, bad values,
+strict stops, double load, and the report line.
+
+Each case runs in a child forked from the pristine forkserver (``conftest.run_python``: SGLang's scheduler modules
+imported, the plugin never loaded), as a scheduler process is when SGLang calls ``load_plugins()``. Fresh
+interpreters only where import order is the subject: ``test_selected_by_sglang_plugins[fresh-interpreter]`` (the
+plugin loaded before any scheduler module, as in the launcher process)."""
 
 from __future__ import annotations
 
@@ -34,13 +39,16 @@ print(json.dumps(out))
 """
 
 
-def probe(env: dict[str, str], pre: str = "", post: str = ""):
-    proc = run_python(PROBE.format(pre=pre, post=post), env)
+def probe(env: dict[str, str], pre: str = "", post: str = "", fresh: bool = False):
+    proc = run_python(PROBE.format(pre=pre, post=post), env, fresh=fresh)
     return proc, (last_json(proc.stdout) if proc.returncode == 0 else None)
 
 
-def test_selected_by_sglang_plugins():
-    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix"})
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh-interpreter", "after-scheduler-import"])
+def test_selected_by_sglang_plugins(fresh):
+    # fresh: a new interpreter where the plugin loads before any scheduler module (the launcher's import order);
+    # otherwise a pristine child of the forkserver, where the scheduler's modules are imported first (a scheduler's).
+    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, fresh=fresh)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert out["statuses"] == expected_statuses()
     assert out["patched"] is (expected_status() == "applied")

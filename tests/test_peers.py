@@ -10,7 +10,6 @@ The ranks live for the whole module; each scenario uses a fresh process group (f
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import socket
@@ -22,6 +21,7 @@ from conftest import affected_only
 
 from sglang_dp_mtp_fix import peers
 from sglang_dp_mtp_fix.core import Outcome, Status
+from sglang_dp_mtp_fix.harness.pool import pristine_context
 
 WORLD = 3
 SHORT_TIMEOUT = "2"  # SGLANG_DP_MTP_FIX_PEER_TIMEOUT for the scenarios (the default is 120 s)
@@ -71,7 +71,7 @@ def _rank_main(rank: int, inbox: Any, outbox: Any) -> None:
 
 @pytest.fixture(scope="module")
 def ranks():
-    ctx = mp.get_context("spawn")
+    ctx = pristine_context()  # forked from a process that imported SGLang once (see harness.pool)
     inboxes, outboxes = [ctx.Queue() for _ in range(WORLD)], [ctx.Queue() for _ in range(WORLD)]
     procs = [ctx.Process(target=_rank_main, args=(r, inboxes[r], outboxes[r]), daemon=True) for r in range(WORLD)]
     for p in procs:

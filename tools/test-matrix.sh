@@ -1,26 +1,57 @@
 #!/usr/bin/env bash
 # The whole test matrix: every supported SGLang release, real and unmodified, on CPU (one lean venv each).
 # Usage: tools/test-matrix.sh [RELEASE ...]     (default: all; SGLANG_RELEASES="..." works too)
+# The next release's venv builds in the background while the current release's tests run (one build at a time,
+# pip's cache shared across releases). Each release prints its venv build time, how long the tests waited for it,
+# its test time and its slowest tests; the closing lines give the whole run's time.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 DEFAULT="0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.23 0.5.15"
-RELEASES=${*:-${SGLANG_RELEASES:-$DEFAULT}}
+read -ra RELEASES <<< "${*:-${SGLANG_RELEASES:-$DEFAULT}}"
 OUT=${SGLANG_DP_MTP_FIX_TEST_OUT:-$ROOT/build/test-results}
-mkdir -p "$OUT"; rm -f "$OUT"/*.xml
+VLOG="$OUT/venv-logs"
+mkdir -p "$OUT" "$VLOG"; rm -f "$OUT"/*.xml "$VLOG"/*
+run_t0=$(date +%s)
 failed=()
-for V in $RELEASES; do
-  echo "=== SGLang $V: building the CPU venv"
+timings=()
+
+build() {  # build one release's venv; leaves its path (on success) and its build time next to its log
+  local v=$1 t0
   t0=$(date +%s)
-  if ! E=$(tools/mkvenv.sh "$V" | tail -1); then echo "!!! venv for $V failed"; failed+=("$V(venv)"); continue; fi
-  echo "=== SGLang $V: venv ready in $(( $(date +%s) - t0 ))s; running the tests"
+  if tools/mkvenv.sh "$v" > "$VLOG/$v.log" 2>&1; then tail -1 "$VLOG/$v.log" > "$VLOG/$v.path"; fi
+  echo $(( $(date +%s) - t0 )) > "$VLOG/$v.secs"
+}
+
+build "${RELEASES[0]}" &
+builder=$!
+for i in "${!RELEASES[@]}"; do
+  V=${RELEASES[$i]}
+  w0=$(date +%s)
+  wait "$builder"
+  waited=$(( $(date +%s) - w0 ))
+  NEXT=${RELEASES[$((i + 1))]:-}
+  if [[ -n $NEXT ]]; then build "$NEXT" & builder=$!; fi
+  venv_s=$(cat "$VLOG/$V.secs" 2>/dev/null || echo "?")
+  if [[ ! -s "$VLOG/$V.path" ]]; then
+    echo "!!! SGLang $V: venv build failed after ${venv_s}s; its log ends:"; tail -25 "$VLOG/$V.log"
+    failed+=("$V(venv)"); timings+=("$V venv=FAILED"); continue
+  fi
+  E=$(cat "$VLOG/$V.path")
+  echo "=== SGLang $V: venv built in ${venv_s}s (the tests waited ${waited}s for it); running the tests"
+  t0=$(date +%s)
   if ! "$E/bin/python" -m pytest tests -q -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning \
-        --junitxml="$OUT/sglang-$V.xml" -o junit_suite_name="sglang-$V"; then
+        --durations=8 --junitxml="$OUT/sglang-$V.xml" -o junit_suite_name="sglang-$V"; then
     failed+=("$V")
   fi
-  echo "=== SGLang $V: done in $(( $(date +%s) - t0 ))s"
+  test_s=$(( $(date +%s) - t0 ))
+  echo "=== SGLang $V: tests done in ${test_s}s"
+  timings+=("$V venv=${venv_s}s waited=${waited}s tests=${test_s}s")
 done
-python3 - "$OUT" <<'PY'
+wait
+echo "timings (each venv build overlaps the previous release's tests):"
+printf '  %s\n' "${timings[@]}"
+python3 - "$OUT" "$(( $(date +%s) - run_t0 ))" <<'PY'
 import glob, sys, xml.etree.ElementTree as ET
 tot = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
 print("\nrelease        passed failed skipped")
@@ -32,6 +63,9 @@ for path in sorted(glob.glob(f"{sys.argv[1]}/sglang-*.xml")):
     rel = path.rsplit("sglang-", 1)[1][:-4]
     print(f"{rel:<14} {n['tests']-n['failures']-n['errors']-n['skipped']:>6} {n['failures']+n['errors']:>6} {n['skipped']:>7}")
 passed = tot["tests"] - tot["failures"] - tot["errors"] - tot["skipped"]
-print(f"{passed} passed, {tot['failures'] + tot['errors']} failed, {tot['skipped']} skipped")
+bad = tot["failures"] + tot["errors"]
+parts = ([f"{bad} failed"] if bad else []) + [f"{passed} passed", f"{tot['skipped']} skipped"]
+print(f"whole test matrix, all releases, venv builds included: {sys.argv[2]}s")
+print(f"===== {', '.join(parts)} in {sys.argv[2]}s =====")
 PY
 if (( ${#failed[@]} )); then echo "FAILED releases: ${failed[*]}"; exit 1; fi

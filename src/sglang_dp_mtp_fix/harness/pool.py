@@ -11,6 +11,22 @@ from typing import Any
 
 DUMMY_MODEL = Path(__file__).with_name("dummy_model")
 
+# What a scheduler process has imported when SGLang calls ``load_plugins()`` (``run_scheduler_process`` lives in this
+# module and calls it first thing): the forkserver imports exactly this, once, and nothing of the plugin.
+PRISTINE_PRELOAD = ("sglang.srt.managers.scheduler",)
+
+
+def pristine_context() -> Any:
+    """A multiprocessing context whose children start pristine — SGLang imported as a scheduler process has it, the
+    plugin not loaded — without each paying SGLang's import (8–10 s on two cores): a forkserver imports
+    ``PRISTINE_PRELOAD`` once per parent process and forks every child from there. Children must not rely on the
+    parent's environment being inherited: pass it (``RankPool`` does)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRISTINE_PRELOAD))
+    return ctx
+
 
 class RankError(RuntimeError):
     pass
@@ -23,6 +39,8 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, load_plugins: bool, inbox: Any, outbox: Any, env: dict) -> None:
+    # A forkserver child inherits the forkserver's environment, not the pool owner's: take the owner's (``env``).
+    os.environ.clear()
     os.environ.update(env)
     try:
         from sglang_dp_mtp_fix.harness import rank as r
@@ -64,18 +82,16 @@ class RankPool:
     """``RankPool(4, load_plugins=True)``: ranks call SGLang's ``load_plugins()`` at start-up."""
 
     def __init__(self, world: int, load_plugins: bool = False, env: dict[str, str] | None = None, timeout: float = 600):
-        import multiprocessing as mp
-
         self.world = world
         self.timeout = timeout
-        ctx = mp.get_context("spawn")
+        ctx = pristine_context()
         port = _free_port()
         self._inboxes = [ctx.Queue() for _ in range(world)]
         self._outboxes = [ctx.Queue() for _ in range(world)]
         self._procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(r, world, port, load_plugins, self._inboxes[r], self._outboxes[r], dict(env or {})),
+                args=(r, world, port, load_plugins, self._inboxes[r], self._outboxes[r], {**os.environ, **(env or {})}),
                 daemon=True,
             )
             for r in range(world)
