@@ -9,15 +9,19 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SGLANG_VERSION, expected_status, requires_sglang
+from conftest import SGLANG_VERSION, expected_status, requires_sglang, run_python
+
+from sglang_dp_mtp_fix.harness.pool import START_ENV
 
 pytestmark = requires_sglang
 
 
 def simulate(*args: str) -> dict:
-    exe = shutil.which("sglang-dp-mtp-fix", path=os.path.dirname(sys.executable))
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    proc = subprocess.run([exe, "simulate", "--json", *args], env=clean, capture_output=True, text=True, timeout=900)
+    """``simulate --json`` through the CLI's ``main`` in a pristine forked child whose ranks are forked from it
+    (``SGLANG_DP_MTP_FIX_HARNESS_START=fork``: no SGLang import per run; ``test_bad_trace_is_a_clear_error`` runs the
+    installed console script)."""
+    code = f"import sys\nfrom sglang_dp_mtp_fix.cli import main\nsys.exit(main({['simulate', '--json', *args]!r}))\n"
+    proc = run_python(code, {START_ENV: "fork"}, timeout=900, drop_prefixes=("SGLANG_",))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -1,4 +1,4 @@
-"""A pool of N CPU rank processes (spawned once, reused for many rounds)."""
+"""A pool of N CPU rank processes (started once, reused for many rounds), forked from a pristine process."""
 
 from __future__ import annotations
 
@@ -14,18 +14,46 @@ DUMMY_MODEL = Path(__file__).with_name("dummy_model")
 # What a scheduler process has imported when SGLang calls ``load_plugins()`` (``run_scheduler_process`` lives in this
 # module and calls it first thing): the forkserver imports exactly this, once, and nothing of the plugin.
 PRISTINE_PRELOAD = ("sglang.srt.managers.scheduler",)
+START_ENV = "SGLANG_DP_MTP_FIX_HARNESS_START"  # "fork": fork the ranks from this (pristine) process; see below
 
 
 def pristine_context() -> Any:
     """A multiprocessing context whose children start pristine — SGLang imported as a scheduler process has it, the
     plugin not loaded — without each paying SGLang's import (8–10 s on two cores): a forkserver imports
     ``PRISTINE_PRELOAD`` once per parent process and forks every child from there. Children must not rely on the
-    parent's environment being inherited: pass it (``RankPool`` does)."""
+    parent's environment being inherited: pass it (``RankPool`` does).
+
+    ``SGLANG_DP_MTP_FIX_HARNESS_START=fork`` forks the children from this process instead, which must itself be such
+    a pristine process (the test suite's children of its own forkserver): checked, never assumed."""
     import multiprocessing as mp
 
+    if os.environ.get(START_ENV) == "fork":
+        problem = _not_pristine_here()
+        if problem:
+            raise RankError(f"{START_ENV}=fork, but this process is not pristine: {problem}")
+        return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRISTINE_PRELOAD))
     return ctx
+
+
+def _not_pristine_here() -> str | None:
+    import sys
+    import threading
+
+    missing = [m for m in PRISTINE_PRELOAD if m not in sys.modules]
+    if missing:
+        return f"{', '.join(missing)} not imported"
+    plugins = sys.modules.get("sglang.srt.plugins")
+    if "sglang_dp_mtp_fix.plugin" in sys.modules or getattr(plugins, "_plugins_loaded", False):
+        return "plugins were loaded"
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if others:
+        return f"other threads running: {', '.join(others)}"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialized"
+    return None
 
 
 class RankError(RuntimeError):
