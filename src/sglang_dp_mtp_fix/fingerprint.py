@@ -104,7 +104,8 @@ def find_definition(module_tree: ast.Module, qualname: str) -> ast.AST | None:
 @functools.lru_cache(maxsize=1)
 def known_fingerprints() -> dict[str, Any]:
     text = resources.files("sglang_dp_mtp_fix.fingerprints").joinpath(FINGERPRINT_FILE).read_text()
-    return json.loads(text)
+    data: dict[str, Any] = json.loads(text)
+    return data
 
 
 def known_texts(target: str) -> dict[str, tuple[int, str]]:

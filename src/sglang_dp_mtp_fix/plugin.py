@@ -112,7 +112,7 @@ def _after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config
                 report.emit(outcomes, config)
             check_peers(manager, outcomes, config)
 
-    Scheduler.__init__ = __init__  # type: ignore[method-assign]
+    Scheduler.__init__ = __init__
     manager._changes.append(_Change(Scheduler, "__init__", True, original, __init__))
 
 

@@ -33,8 +33,9 @@ logger = logging.getLogger("sglang_dp_mtp_fix")
 def sglang_version() -> str:
     try:
         loaded = sys.modules.get("sglang")
-        if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
-            return loaded.__version__  # cheap; importlib.metadata costs ~10 ms per call
+        loaded_version = getattr(loaded, "__version__", None)
+        if isinstance(loaded_version, str):
+            return loaded_version  # cheap; importlib.metadata costs ~10 ms per call
         from importlib.metadata import version
 
         return version("sglang")

@@ -54,9 +54,9 @@ VOTE_PATCH = "draft_graph_vote"
 def generate_trace(ranks: int, rounds: int, seed: int) -> list[list[dict[str, Any]]]:
     """Embedded default: idle ranks, PD arrivals without seeds in ~10 % of rounds, overlap-style merges."""
     rng = random.Random(seed)
-    trace = []
+    trace: list[list[dict[str, Any]]] = []
     for _ in range(rounds):
-        states = []
+        states: list[dict[str, Any]] = []
         for _r in range(ranks):
             roll = rng.random()
             if roll < 0.30:
@@ -77,7 +77,7 @@ def generate_trace(ranks: int, rounds: int, seed: int) -> list[list[dict[str, An
 
 
 def load_trace(path: Path, ranks: int | None) -> list[list[dict[str, Any]]]:
-    trace = []
+    trace: list[list[dict[str, Any]]] = []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -218,7 +218,7 @@ def simulate(
     if progress:
         print(f"starting {world} CPU ranks (gloo) with the installed SGLang ...", file=sys.stderr)
     with RankPool(world, load_plugins=True, env={"SGLANG_PLUGINS": "dp_mtp_fix"}) as pool:
-        statuses = pool.setup and pool.plugin("apply")[0]["statuses"]
+        statuses: dict[str, str] = pool.plugin("apply")[0]["statuses"] if pool.setup else {}
         version = pool.setup[0]["sglang"]
         # The arms compare the draft vote; the DSA/draft-row patches may be not-affected on this release.
         applied = bool(statuses) and statuses.get(VOTE_PATCH) == "applied"

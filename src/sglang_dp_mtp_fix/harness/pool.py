@@ -66,7 +66,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(rank: int, world: int, port: int, load_plugins: bool, inbox: Any, outbox: Any, env: dict) -> None:
+def _rank_main(
+    rank: int, world: int, port: int, load_plugins: bool, inbox: Any, outbox: Any, env: dict[str, str]
+) -> None:
     # A forkserver child inherits the forkserver's environment, not the pool owner's: take the owner's (``env``).
     os.environ.clear()
     os.environ.update(env)
@@ -82,6 +84,7 @@ def _rank_main(rank: int, world: int, port: int, load_plugins: bool, inbox: Any,
         if item is None:
             break
         command, payload = item
+        result: Any
         try:
             if command == "round":
                 result = r.run_round(payload)
@@ -155,7 +158,12 @@ class RankPool:
             errors = [(r, a[1]) for r, a in sorted(answers.items()) if a[0] != "ok"]
             if errors and first_error_at is None:
                 first_error_at = time.monotonic()
-            if errors and len(answers) < self.world and time.monotonic() - first_error_at > 5.0:
+            if (
+                errors
+                and first_error_at is not None
+                and len(answers) < self.world
+                and time.monotonic() - first_error_at > 5.0
+            ):
                 r, payload = errors[0]
                 pending = sorted(set(range(self.world)) - set(answers))
                 raise RankError(f"rank {r} failed (ranks {pending} blocked):\n{payload.get('traceback', payload)}")
@@ -179,7 +187,7 @@ class RankPool:
             parts.append(f"ranks {alive} still alive (blocked in or failed the collective)")
         return "; ".join(parts)
 
-    def _send(self, command: str, payloads: list[Any], timeout: float | None = None) -> list[dict[str, Any]]:
+    def _send(self, command: str, payloads: list[Any], timeout: float | None = None) -> list[Any]:
         for box, payload in zip(self._inboxes, payloads, strict=True):
             box.put((command, payload))
         return self._collect(timeout)
@@ -190,7 +198,7 @@ class RankPool:
 
     def rounds(
         self, per_rank_states: list[list[dict[str, Any]]], timeout: float | None = 600, collective: bool = True
-    ) -> list[list[dict]]:
+    ) -> list[list[dict[str, Any]]]:
         """Run len(per_rank_states[0]) rounds; returns one list of round results per rank.
 
         ``collective=False``: each rank still runs SGLang's real PD-decode round and MLP sync and reports its
@@ -201,7 +209,7 @@ class RankPool:
 
     def run_trace(
         self, trace: list[list[dict[str, Any]]], timeout: float | None = 600, collective: bool = True
-    ) -> list[list[dict]]:
+    ) -> list[list[dict[str, Any]]]:
         """Run a trace given round by round (one state per rank in each round); results come back the same way."""
         per_rank = self.rounds([[states[r] for states in trace] for r in range(self.world)], timeout, collective)
         return [[per_rank[r][i] for r in range(self.world)] for i in range(len(trace))]
