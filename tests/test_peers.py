@@ -53,6 +53,11 @@ def _rank_main(rank: int, inbox: Any, outbox: Any) -> None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
         try:
             statuses = {o.id: o.status.value for o in plugin.register()}
+            # Line the ranks up before the seam: the short peer timeout then measures the check itself, not how long
+            # each rank took to load the plugin on two busy cores (a real launch's ranks are lined up by SGLang's own
+            # start-up collectives before the end of Scheduler.__init__).
+            outbox.put("registered")
+            assert inbox.get() == "go"
             try:
                 Scheduler.__init__(Scheduler.__new__(Scheduler))
                 result: dict[str, Any] = {"error": None}
@@ -88,6 +93,10 @@ def ranks():
                 env = {"SGLANG_DP_MTP_FIX_PEER_TIMEOUT": SHORT_TIMEOUT, **(envs or {}).get(r, {})}
                 box.put((port, env, (fake_version or {}).get(r)))
             try:
+                registered = [box.get(timeout=300) for box in outboxes]
+                assert registered == ["registered"] * WORLD, registered
+                for box in inboxes:
+                    box.put("go")
                 return [box.get(timeout=120) for box in outboxes]
             except queue.Empty:
                 pytest.fail("a rank did not answer: the check must never hang")
