@@ -155,3 +155,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     write(f"  {not_applicable} combinations not applicable or absent in this release (reasons: pytest -rs)")
     for line in covered:
         write(f"  {line}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """``tools/test-matrix.sh`` asks each release's session for that release's ``doctor --json``
+    (``DP_MTP_FIX_TEST_DOCTOR_OUT``): ``tools/compat_table.py`` builds the README's compatibility table from them."""
+    out = os.environ.get("DP_MTP_FIX_TEST_DOCTOR_OUT")
+    if not out or SGLANG_VERSION is None:
+        return
+    code = "import sys\nfrom sglang_dp_mtp_fix.cli import main\nsys.exit(main(['doctor', '--json']))\n"
+    proc = run_python(code, drop_prefixes=("SGLANG_", "DP_MTP_FIX_TEST"))
+    if proc.returncode in (0, 1) and proc.stdout.lstrip().startswith("{"):
+        with open(out, "w") as f:
+            f.write(proc.stdout)
+    else:
+        print(f"\ndoctor --json failed (rc={proc.returncode}); {out} not written:\n{proc.stderr[-2000:]}")

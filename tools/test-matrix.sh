@@ -11,7 +11,7 @@ DEFAULT="0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.23 0.5.15"
 read -ra RELEASES <<< "${*:-${SGLANG_RELEASES:-$DEFAULT}}"
 OUT=${SGLANG_DP_MTP_FIX_TEST_OUT:-$ROOT/build/test-results}
 VLOG="$OUT/venv-logs"
-mkdir -p "$OUT" "$VLOG"; rm -f "$OUT"/*.xml "$VLOG"/*
+mkdir -p "$OUT" "$VLOG"; rm -f "$OUT"/*.xml "$OUT"/doctor-*.json "$VLOG"/*
 run_t0=$(date +%s)
 failed=()
 timings=()
@@ -40,7 +40,7 @@ for i in "${!RELEASES[@]}"; do
   E=$(cat "$VLOG/$V.path")
   echo "=== SGLang $V: venv built in ${venv_s}s (the tests waited ${waited}s for it); running the tests"
   t0=$(date +%s)
-  if ! "$E/bin/python" -m pytest tests -q -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning \
+  if ! DP_MTP_FIX_TEST_DOCTOR_OUT="$OUT/doctor-$V.json" "$E/bin/python" -m pytest tests -q -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning \
         --durations=8 --junitxml="$OUT/sglang-$V.xml" -o junit_suite_name="sglang-$V"; then
     failed+=("$V")
   fi
