@@ -133,7 +133,8 @@ def test_double_load_does_not_double_wrap():
 
 
 def test_report_line_when_logging_is_configured():
-    pre = "logging.basicConfig(level=logging.INFO, format='%(message)s')"
+    # force: the host's own configuration wins (in a pristine child SGLang's imports may already have set one up)
+    pre = "logging.basicConfig(level=logging.INFO, format='%(message)s', force=True)"
     proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, pre=pre)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("sglang-dp-mtp-fix ")]
     assert len(lines) == 1, proc.stderr[-2000:]
