@@ -141,15 +141,55 @@ def test_report_line_when_logging_is_configured():
     assert f"on SGLang {SGLANG_VERSION}" in lines[0] and f"draft_graph_vote={expected_status()}" in lines[0]
 
 
-def test_report_is_deferred_until_scheduler_init_when_logging_is_not_live():
-    if expected_status() != "applied":
-        pytest.skip("the deferral is only installed when patches are applied")
+# SGLang's configure_logger, as every release 0.5.15-0.5.23 does it (a rank prefix in scheduler processes).
+CONFIGURE_LOGGER = (
+    "logging.basicConfig(level=logging.INFO, format='[RANK-PREFIX] %(message)s', force=True)\n"
+    "logging.getLogger('sglang_dp_mtp_fix').info('after configure')\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["auto", "off", "strict"])
+def test_report_line_is_held_until_sglang_configures_logging_whatever_the_mode(mode):
+    # load_plugins() runs before SGLang configures logging (scheduler and launcher processes): the line must come out
+    # once, through the logging SGLang sets up (its prefix), not be dropped as an early INFO line.
+    proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix", "SGLANG_DP_MTP_FIX": mode}, post=CONFIGURE_LOGGER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "sglang-dp-mtp-fix " in line]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("[RANK-PREFIX] sglang-dp-mtp-fix ") and f"(mode={mode})" in lines[0]
+    assert proc.stderr.index(lines[0]) < proc.stderr.index("after configure")  # out right at configure time
+    if mode == "off":
+        assert "SGLANG_DP_MTP_FIX=off here, SGLang left fully stock" in lines[0]
+    else:
+        assert "SGLANG_DP_MTP_FIX=off" not in lines[0]
+
+
+def test_a_logging_setup_that_would_drop_the_line_does_not_take_it():
+    # 0.5.21+: configure_hf_hub_logger() runs a bare basicConfig (root at WARNING) before SGLang's configure_logger.
+    post = "logging.basicConfig(format='%(message)s')\n" + CONFIGURE_LOGGER
+    proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, post=post)
+    lines = [line for line in proc.stderr.splitlines() if "sglang-dp-mtp-fix " in line]
+    assert len(lines) == 1 and lines[0].startswith("[RANK-PREFIX] "), proc.stderr[-3000:]
+
+
+def test_a_second_logging_setup_does_not_repeat_the_line():
+    post = CONFIGURE_LOGGER + CONFIGURE_LOGGER + "import logging.config\nlogging.config.dictConfig({'version': 1})\n"
+    proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, post=post)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len([line for line in proc.stderr.splitlines() if "sglang-dp-mtp-fix " in line]) == 1, proc.stderr[-3000:]
+
+
+def test_seams_are_removed_by_restore():
     post = (
+        "import logging.config\n"
+        "held = logging.basicConfig, logging.config.dictConfig\n"
+        "assert all(hasattr(f, '__sglang_dp_mtp_fix_seam__') for f in held), 'report seam missing'\n"
         "from sglang.srt.managers.scheduler import Scheduler\n"
         "init = Scheduler.__dict__['__init__']\n"
-        "assert hasattr(init, '__wrapped__'), 'report seam missing'\n"
+        f"assert hasattr(init, '__wrapped__') is {expected_status() == 'applied'}, 'peer-check seam'\n"
         "from sglang_dp_mtp_fix import plugin; plugin.restore()\n"
-        "assert Scheduler.__dict__['__init__'] is init.__wrapped__\n"
+        "assert logging.basicConfig is held[0].__wrapped__ and logging.config.dictConfig is held[1].__wrapped__\n"
+        "assert Scheduler.__dict__['__init__'] is getattr(init, '__wrapped__', init)\n"
     )
     proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, post=post)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -57,6 +57,7 @@ def test_a_line_every_n_batches(caplog):
         counters.record(True, False, False)
     assert len(caplog.records) == 1
     line = caplog.records[0].getMessage()
-    assert "last 2 decode batches" in line and "draft graph true=1 false=1" in line
+    assert "last 2 decode batches" in line and "draft vote graph-eligible=1 forced-eager=1" in line
+    assert "generic decode vote graph-eligible=2 eager=0" in line and "graph true" not in line
     assert "own seedless batch=1" in line and "another rank's vote=0" in line
     assert counters.window.decode_batches == 0 and counters.total.decode_batches == 2

@@ -7,7 +7,7 @@ set -euo pipefail
 V=${1:?usage: mkvenv.sh SGLANG_VERSION}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV_ROOT=${SGLANG_DP_MTP_FIX_VENVS:-$HOME/.cache/sglang-dp-mtp-fix/venvs}
-RECIPE_ID=r3   # bump when the recipe below changes: cached venvs are then rebuilt
+RECIPE_ID=r4   # bump when the recipe below changes: cached venvs are then rebuilt
 E="$VENV_ROOT/sglang-$V-$RECIPE_ID"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CACHE_DIR=${PIP_CACHE_DIR:-$HOME/.cache/sglang-dp-mtp-fix/pip}
 quiet() { grep -vE 'is ignored|requires|resolver|incompatible|^\s*$' || true; }
@@ -22,7 +22,8 @@ if [[ ! -f "$E/.complete" ]]; then
   PIP_CONSTRAINT="$E/constraints.txt" "$E/bin/pip" install -q \
     numpy orjson psutil pybase64 requests triton pillow msgspec pyzmq tqdm ipython pydantic aiohttp \
     apache-tvm-ffi transformers dill sentencepiece einops compressed-tensors gguf openai partial-json-parser \
-    setproctitle uvicorn fastapi xgrammar wrapt pytest pytest-mock 2>&1 | quiet
+    setproctitle uvicorn fastapi xgrammar wrapt pytest pytest-mock \
+    uvloop prometheus-client python-multipart jsonschema soundfile 2>&1 | quiet
   stubs
   "$E/bin/python" -c "import sglang, torch, wrapt, pytest" >/dev/null
   touch "$E/.complete"

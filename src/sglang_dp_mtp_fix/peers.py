@@ -101,15 +101,16 @@ def _default_store() -> tuple[Any, int, int] | None:
     return _get_default_store(), dist.get_rank(), dist.get_world_size()
 
 
-def check(outcomes: Sequence[Outcome], fingerprints: Mapping[str, str], timeout_s: float) -> None:
-    """Publish this rank's state, wait for every rank's (bounded), compare. Raises PeerStateMismatch on a difference,
-    PeerCheckError when the store itself fails (the caller decides by mode); returns silently without a store."""
+def check(outcomes: Sequence[Outcome], fingerprints: Mapping[str, str], timeout_s: float) -> tuple[int, int] | None:
+    """Publish this rank's state, wait for every rank's (bounded), compare. Returns (rank, world) when every rank
+    agrees, None without a store (single process: nothing to compare). Raises PeerStateMismatch on a difference,
+    PeerCheckError when the store itself fails (the caller decides by mode)."""
     try:
         found = _default_store()
     except Exception as exc:  # noqa: BLE001 - e.g. torch moved its private default-store accessor
         raise PeerCheckError(f"sglang-dp-mtp-fix: cross-rank patch-state check could not run: {exc!r}") from exc
     if found is None:
-        return
+        return None
     store, rank, world = found
     keys = [f"{KEY_PREFIX}{r}" for r in range(world)]
     try:
@@ -125,3 +126,4 @@ def check(outcomes: Sequence[Outcome], fingerprints: Mapping[str, str], timeout_
     problem = compare(states, timeout_s)
     if problem:
         raise PeerStateMismatch(problem)
+    return rank, world

@@ -2,11 +2,13 @@
 
 SGLang calls ``register()`` from ``load_plugins()`` in every process that runs the scheduler (and in the main
 process). It reads the configuration once, applies the patch groups, writes the report file when configured, and
-reports. It never raises in ``auto``/``off`` mode; in ``strict`` mode a problem raises :class:`StrictModeAbort`, a
-``SystemExit`` that SGLang's loader (which catches ``Exception``) cannot swallow.
+reports: exactly one report line per process, whatever the mode, through SGLang's logging once SGLang has configured
+it (``report.PendingLine``). It never raises in ``auto``/``off`` mode; in ``strict`` mode a problem raises
+:class:`StrictModeAbort`, a ``SystemExit`` that SGLang's loader (which catches ``Exception``) cannot swallow.
 
 Where patches were applied, the end of the first ``Scheduler.__init__`` also runs the cross-rank patch-state check
-(``peers``): ranks that differ raise ``PeerStateMismatch`` there in every mode, which stops SGLang's launch.
+(``peers``): ranks that differ raise ``PeerStateMismatch`` there in every mode, which stops SGLang's launch; a
+check that passes says so in one line per rank.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import peers, report
+from sglang_dp_mtp_fix import _version, peers, report
 from sglang_dp_mtp_fix.config import Config, load_config
 from sglang_dp_mtp_fix.core import Outcome, PatchManager, _Change
 from sglang_dp_mtp_fix.patches import all_patches
@@ -25,6 +27,7 @@ _lock = threading.Lock()
 _manager: PatchManager | None = None
 last_config: Config | None = None
 _report_path: str | None = None  # this process's report file, once written
+_pending: report.PendingLine | None = None  # the report line, until SGLang configures logging
 
 
 class StrictModeAbort(SystemExit):
@@ -41,7 +44,7 @@ def get_manager() -> PatchManager:
 
 def register() -> list[Outcome]:
     """Entry point. Idempotent per process."""
-    global last_config
+    global last_config, _pending
     manager = get_manager()
     if manager.outcomes is not None and last_config is not None:
         return manager.outcomes
@@ -57,11 +60,12 @@ def register() -> list[Outcome]:
         report.logger.warning(file_problem)
     if problem:
         report.logger.warning(problem)  # the one WARNING line; the report line below then stays at INFO
-    report_now = report.logging_configured() or not manager.applied
-    if report_now:
-        report.emit(outcomes, config, level=logging.INFO if problem else None)
+    level = logging.INFO if problem else None
+    _pending = report.PendingLine(functools.partial(report.emit, outcomes, config, level=level))
+    if report.logging_configured() or not _pending.install():
+        _pending.flush()
     if manager.applied:  # only a process we patched touches Scheduler (off/stock/unsupported: nothing is hooked)
-        _after_scheduler_init(manager, outcomes, config, report_pending=not report_now)
+        _after_scheduler_init(manager, outcomes, config, _pending)
     return outcomes
 
 
@@ -81,25 +85,27 @@ def _write_report_file(outcomes: list[Outcome], config: Config) -> str | None:
 
 def restore() -> None:
     """Put SGLang back to stock (tests; operators use SGLANG_DP_MTP_FIX=off)."""
-    global last_config, _report_path
+    global last_config, _report_path, _pending
     get_manager().restore()
+    if _pending is not None:
+        _pending.remove()
     last_config = None
     _report_path = None
+    _pending = None
 
 
-def _after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config: Config, report_pending: bool) -> None:
-    """At the end of the first ``Scheduler.__init__`` (SGLang's logging and distributed groups exist by then): emit
-    the held report line, then run the cross-rank patch-state check (``peers``) exactly once."""
+def _after_scheduler_init(
+    manager: PatchManager, outcomes: list[Outcome], config: Config, line: report.PendingLine
+) -> None:
+    """At the end of the first ``Scheduler.__init__`` (SGLang's distributed groups exist by then): run the cross-rank
+    patch-state check (``peers``) exactly once. The report line is out by then (SGLang configures logging before it
+    builds the Scheduler); should it still be held, it goes out first."""
     try:
         from sglang.srt.managers.scheduler import Scheduler
-    except Exception:  # noqa: BLE001 - no scheduler in this process: no groups to check, report now
-        if report_pending:
-            report.emit(outcomes, config)
+    except Exception:  # noqa: BLE001 - no scheduler in this process: no groups to check
         return
     original = Scheduler.__dict__.get("__init__")
     if original is None:
-        if report_pending:
-            report.emit(outcomes, config)
         return
     pending = [True]
 
@@ -108,8 +114,7 @@ def _after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config
         original(self, *args, **kwargs)
         if pending:
             pending.clear()
-            if report_pending:
-                report.emit(outcomes, config)
+            line.flush()
             check_peers(manager, outcomes, config)
 
     Scheduler.__init__ = __init__
@@ -121,10 +126,19 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
     exception out of ``Scheduler.__init__`` brings SGLang's launch down with the message); a store that fails is one
     warning in ``auto`` and an error in ``strict``."""
     try:
-        peers.check(outcomes, manager.fingerprints, config.peer_timeout_s)
+        agreed = peers.check(outcomes, manager.fingerprints, config.peer_timeout_s)
     except peers.PeerStateMismatch:
         raise
     except peers.PeerCheckError as exc:
         if config.strict:
             raise peers.PeerCheckError(f"{exc} [SGLANG_DP_MTP_FIX=strict: stopping]") from exc
         report.logger.warning("%s; start-up continues (auto mode)", exc)
+        return
+    if agreed is not None:
+        rank, world = agreed
+        applied = sum(o.status.value == "applied" for o in outcomes)
+        report.logger.info(
+            "sglang-dp-mtp-fix: cross-rank patch-state check passed on rank %d: %d ranks agree "
+            "(plugin %s, %d of %d patches applied, %d fingerprints)",
+            rank, world, _version.__version__, applied, len(outcomes), len(manager.fingerprints),
+        )  # fmt: skip

@@ -1,9 +1,12 @@
 """One report line per process, with the outcome of every patch.
 
-``load_plugins()`` runs before SGLang configures logging in the scheduler process, so a line logged at load time
-would be lost (INFO) or unformatted (WARNING). When logging is not configured yet the report is held and emitted
-by a one-shot seam at the end of ``Scheduler.__init__`` (installed only when patches were applied, and removed by
-``restore()``); problems are also logged immediately at WARNING so they are never lost.
+``load_plugins()`` runs before SGLang configures logging, in the scheduler processes and in the launcher (main)
+process alike, so a line logged at load time would be lost (INFO) or unformatted (WARNING). When logging is not
+configured yet the report is held by :class:`PendingLine` and emitted right after the first ``logging.basicConfig``
+/ ``logging.config.dictConfig`` call that leaves the root logger with a handler and INFO enabled: that is SGLang's own
+``configure_logger`` in every release 0.5.15-0.5.23 (so scheduler lines carry SGLang's rank prefix), whatever the
+mode. The seam removes itself once it has fired and is removed by ``restore()``; where it cannot be installed the
+line is logged at once. Problems are also logged immediately at WARNING so they are never lost.
 
 Report files: only when ``SGLANG_DP_MTP_FIX_REPORT_DIR`` is set, one JSON file per process,
 ``sglang-dp-mtp-fix-<hostname>-<pid>.json``, in that directory and nowhere else. The directory must already exist and
@@ -14,17 +17,20 @@ mode 0644 (less under a stricter umask): an existing file or link of that name i
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import logging.config
 import os
 import re
 import socket
 import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sglang_dp_mtp_fix._version import __version__
-from sglang_dp_mtp_fix.config import REPORT_DIR_ENV, Config
+from sglang_dp_mtp_fix.config import MODE_ENV, REPORT_DIR_ENV, Config, Mode
 from sglang_dp_mtp_fix.core import Outcome, Status
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
@@ -45,7 +51,8 @@ def sglang_version() -> str:
 
 def summary_line(outcomes: Sequence[Outcome], config: Config) -> str:
     parts = ", ".join(f"{o.id}={o.status.value}" for o in outcomes)
-    return f"sglang-dp-mtp-fix {__version__} on SGLang {sglang_version()} (mode={config.mode.value}): {parts}"
+    verdict = f"{MODE_ENV}=off here, SGLang left fully stock: " if config.mode is Mode.OFF and not config.error else ""
+    return f"sglang-dp-mtp-fix {__version__} on SGLang {sglang_version()} (mode={config.mode.value}): {verdict}{parts}"
 
 
 def problem_line(outcomes: Sequence[Outcome], config: Config) -> str | None:
@@ -68,6 +75,63 @@ def emit(outcomes: Sequence[Outcome], config: Config, level: int | None = None) 
     if level is None:
         level = logging.WARNING if problem_line(outcomes, config) else logging.INFO
     logger.log(level, summary_line(outcomes, config))
+
+
+class PendingLine:
+    """The report line, held until SGLang configures logging (see the module doc); emitted at most once."""
+
+    SEAMS = ((logging, "basicConfig"), (logging.config, "dictConfig"))
+
+    def __init__(self, emit_line: Callable[[], None]):
+        self._emit_line = emit_line
+        self._done = False
+        self._installed: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
+
+    @property
+    def pending(self) -> bool:
+        return not self._done
+
+    def install(self) -> bool:
+        """Wrap the logging set-up calls; False when none could be wrapped (the caller then logs at once)."""
+        for owner, name in self.SEAMS:
+            original = getattr(owner, name, None)
+            if not callable(original):
+                continue
+            wrapper = self._wrap(original)
+            setattr(owner, name, wrapper)
+            self._installed.append((owner, name, original, wrapper))
+        return bool(self._installed)
+
+    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def configure_logging(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            # Not on a set-up that would drop the line: 0.5.21+ calls a bare basicConfig (root at WARNING) for the
+            # Hub logger before configure_logger; the line waits for the set-up that lets INFO through.
+            if logging_configured() and logger.isEnabledFor(logging.INFO):
+                self.flush()
+            return result
+
+        configure_logging.__sglang_dp_mtp_fix_seam__ = "report line"  # type: ignore[attr-defined]
+        return configure_logging
+
+    def flush(self) -> None:
+        """Emit the line now (once) and take the seam out."""
+        if self._done:
+            return
+        self._done = True
+        self.remove()
+        try:
+            self._emit_line()
+        except Exception:  # noqa: BLE001 - a report line must never break the host's logging set-up
+            pass
+
+    def remove(self) -> None:
+        """Put the logging functions back (only where ours is still the live one: another wrapper stays intact)."""
+        for owner, name, original, wrapper in reversed(self._installed):
+            if getattr(owner, name, None) is wrapper:
+                setattr(owner, name, original)
+        self._installed.clear()
 
 
 class ReportFileError(OSError):

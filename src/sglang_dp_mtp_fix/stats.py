@@ -51,9 +51,11 @@ class VoteStats:
                     t.eager_other_rank_vote += 1
         if self.window.decode_batches >= self.every:
             w = self.window
+            # Votes, not graph use: "graph-eligible" means no rank asked for eager, which is all the vote can know
+            # (whether a graph then runs also needs CUDA graphs enabled and captured for that batch size).
             logger.info(
-                "sglang-dp-mtp-fix stats (last %d decode batches): generic graph true=%d false=%d; "
-                "draft graph true=%d false=%d; eager draft by cause: %s=%d, %s=%d",
+                "sglang-dp-mtp-fix stats (last %d decode batches): generic decode vote graph-eligible=%d eager=%d; "
+                "draft vote graph-eligible=%d forced-eager=%d; forced-eager by cause: %s=%d, %s=%d",
                 w.decode_batches, w.generic_graph_true, w.generic_graph_false, w.draft_graph_true,
                 w.draft_graph_false, OWN_SEEDLESS, w.eager_own_seedless, OTHER_RANK, w.eager_other_rank_vote,
             )  # fmt: skip

@@ -1,0 +1,272 @@
+"""Launch tier helpers: real ``python -m sglang.launch_server`` processes on CPU, in the seed's shape (DP attention,
+PD decode with the fake transfer backend, NEXTN MTP speculative decoding), dummy weights, a local tokenizer, HTTP on
+127.0.0.1 only.
+
+Every server runs in its own process group (``start_new_session``); waits are bounded; a finalizer stops the group
+(SIGTERM, then SIGKILL) so no server outlives its fixture. Launches are module-scoped and shared between scenarios.
+
+Stand-ins (only where nothing real can run here; each file says why): ``stubs/sgl_kernel`` (SGLang's CPU kernels need
+an AVX-512/AMX source build) and ``cpu_gaps/launch_cpu_gaps`` (four CPU-only gaps of the torch_native path), the
+latter registered as an SGLang plugin through a dist-info written into a temp dir on PYTHONPATH, never into the venv.
+The plugin under test is the installed ``sglang-dp-mtp-fix``, loaded by SGLang's own ``load_plugins()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pytest
+
+try:
+    SGLANG_VERSION: str | None = version("sglang")
+except PackageNotFoundError:
+    SGLANG_VERSION = None
+AFFECTED = ("0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20")
+SUPERSEDED = ("0.5.21", "0.5.22", "0.5.23")
+# All of a-g here (the distinct shapes of the vote path's code); a and g on the other affected releases.
+FULL = ("0.5.15.post1", "0.5.17", "0.5.20")
+# f: the plugin stands down (superseded / not affected).
+STAND_DOWN = ("0.5.23", "0.5.15")
+
+HERE = Path(__file__).resolve().parent
+MODEL = HERE / "models" / "tiny-qwen3-moe"
+READY = "The server is fired up and ready to roll"
+READY_TIMEOUT_S = float(os.environ.get("LAUNCH_READY_TIMEOUT", "300"))
+
+SHAPE = [
+    "--model-path", str(MODEL), "--load-format", "dummy", "--device", "cpu", "--host", "127.0.0.1",
+    "--tp", "2", "--dp", "2", "--enable-dp-attention", "--attention-backend", "torch_native",
+    "--disable-cuda-graph", "--max-total-tokens", "2048", "--random-seed", "1",
+    "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "3",
+]  # fmt: skip
+
+PD_DECODE = [
+    "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
+    "--disaggregation-decode-retraction-backup", "cpu_tensor", "--no-enable-tp-lm-head-all-to-all",
+]  # fmt: skip
+# b (no harm) compares tokens across launches, so it runs without PD decode: the fake transfer backend moves nothing
+# (FakeKVReceiver.poll reports success at once), so the prompt's KV cache and the first token on a decode node are
+# whatever those buffers held, and differ from launch to launch whatever the plugin does (seen: every first token
+# differed between three PD launches). Without PD the server computes the prompt itself; the rest of the shape stays.
+NO_PD = "no-pd"
+
+# Greedy requests sent to every launch that serves (b compares them token by token across launches).
+PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11, 12], [1, 20, 21], [1, 30, 31, 32, 33, 34]]
+NEW_TOKENS = 8
+
+REPORT_LINE = re.compile(r"^\[(?P<prefix>[^\]]*)\] (?P<line>sglang-dp-mtp-fix \d\S* on SGLang .*)$", re.M)
+RANK_PREFIX = re.compile(r" DP(\d+) TP(\d+)$")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_block(width: int = 40) -> int:
+    """A base port with ``width`` free ports above it (SGLang derives its internal ports from --port)."""
+    for _ in range(50):
+        base = free_port()
+        if base + width > 65000:
+            continue
+        try:
+            for p in range(base, base + width):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port block on 127.0.0.1")
+
+
+def base_env(gaps: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_DP_MTP_FIX", "SGLANG_PLUGINS"))}
+    # LAUNCH_PLUGIN_SRC=<dir>: run the tier against another build of the plugin (its src dir first on the path), e.g.
+    # to see a check fail on a build without the fix. Unset: the installed plugin.
+    plugin_src = os.environ.get("LAUNCH_PLUGIN_SRC")
+    env.update(
+        PYTHONPATH=os.pathsep.join([plugin_src, gaps]) if plugin_src else gaps,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        SGLANG_USE_CPU_ENGINE="1",  # else rotary imports vllm
+        SGLANG_CPU_OMP_THREADS_BIND="0|1",  # two ranks on one NUMA node: SGLang asks for an explicit binding
+        LAUNCH_CPU_ATTN_OPS="1",  # speculative decoding needs IntelAMXAttnBackend (see launch_cpu_gaps, gap 3)
+        SGLANG_PLUGINS="dp_mtp_fix,launch_cpu_gaps",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Server:
+    name: str
+    log_path: Path
+    port: int
+    proc: subprocess.Popen
+    started: float = field(default_factory=time.monotonic)
+    ready_s: float | None = None
+    pd: bool = True
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if READY in self.log:
+                self.ready_s = time.monotonic() - self.started
+                return True
+            if not self.alive():
+                return False
+            time.sleep(0.5)
+        return False
+
+    def wait_exit(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM to the launcher, then SIGKILL to its whole process group (schedulers, detokenizer, ...)."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            self.wait_exit(15)
+        for _ in range(20):
+            if not self.group_alive():
+                break
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            time.sleep(0.25)
+        if self.alive():
+            self.proc.wait(10)
+
+    def generate(self, input_ids: list[int], room: int, max_new_tokens: int = NEW_TOKENS) -> dict:
+        body = (
+            {}
+            if not self.pd
+            else {
+                # PD decode needs a bootstrap peer; "2.2.2.2" is SGLang's fake-transfer marker (compared as a string,
+                # never contacted; SGLang's warm-up sends the same).
+                "bootstrap_host": "2.2.2.2",
+                "bootstrap_room": room,
+            }
+        )
+        body |= {
+            "input_ids": input_ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+        }
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.loads(resp.read())
+
+    def generate_all(self, prompts: list[list[int]] = PROMPTS) -> list[dict]:
+        """Send every prompt at once (so both DP ranks get work); results in prompt order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(lambda ik: self.generate(ik[1], 1000 + ik[0]), enumerate(prompts)))
+
+
+def start_server(
+    name: str, log_dir: Path, env: dict[str, str], extra_args: list[str] = (), port: int | None = None, pd: bool = True
+):
+    port = port or free_port_block()
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sglang.launch_server",
+                *SHAPE,
+                *(PD_DECODE if pd else []),
+                "--port",
+                str(port),
+                *extra_args,
+            ],  # fmt: skip
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(log_dir),
+            start_new_session=True,  # its own process group: stop() kills every process it started
+        )
+    return Server(name, log_path, port, proc, pd=pd)
+
+
+@dataclass
+class Launch:
+    """One served launch: its log, its report files and the completions of PROMPTS."""
+
+    server: Server
+    report_dir: Path
+    outputs: list[dict]  # PROMPTS sent at once (both DP ranks busy together)
+    sequential: list[dict]  # PROMPTS one at a time: each alone in its batch, so numerics do not depend on batching
+
+    @property
+    def log(self) -> str:
+        return self.server.log
+
+    def report_lines(self) -> dict[str, list[str]]:
+        """Plugin report lines by process: 'main' or 'DPd TPt' (SGLang's scheduler log prefix)."""
+        by: dict[str, list[str]] = {}
+        for m in REPORT_LINE.finditer(self.log):
+            rank = RANK_PREFIX.search(m["prefix"])
+            by.setdefault(f"DP{rank[1]} TP{rank[2]}" if rank else "main", []).append(m["line"])
+        return by
+
+    def report_files(self) -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted(self.report_dir.glob("sglang-dp-mtp-fix-*.json"))]
+
+
+def serve(name: str, tmp: Path, env: dict[str, str], timings: dict, pd: bool = True) -> Launch:
+    report_dir = tmp / f"{name}-reports"
+    report_dir.mkdir()
+    env = {**env, "SGLANG_DP_MTP_FIX_REPORT_DIR": str(report_dir)}
+    server = start_server(name, tmp, env, pd=pd)
+    try:
+        t0 = time.monotonic()
+        if not server.wait_ready():
+            pytest.fail(f"{name}: server never became ready; log tail:\n{server.log[-4000:]}")
+        outputs = server.generate_all()
+        # Dummy weights are tiny (+-1e-3), so logits are near ties and a different batch mix can flip a greedy token;
+        # requests one at a time give every launch the same batches.
+        sequential = [server.generate(ids, 2000 + k) for k, ids in enumerate(PROMPTS)]
+        time.sleep(1.0)  # let the last batch's log lines flush
+        timings[name] = round(time.monotonic() - t0, 1)
+        return Launch(server, report_dir, outputs, sequential)
+    finally:
+        server.stop()
+        assert not server.group_alive(), f"{name}: processes left behind"

@@ -1,0 +1,175 @@
+"""Real single-host launches: a (patched launch), b (no harm), e (kill switch), f (stand down), g (counters).
+
+Launches shared by the scenarios: patched (a, g) and off (e) in the seed's shape; b's three arms (patched, off, not
+selected) without PD decode (why: ``launchlib.NO_PD``). On releases where the plugin stands down (f) one launch. Each
+launch serves PROMPTS and is stopped before the assertions run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from launchlib import AFFECTED, FULL, NEW_TOKENS, PROMPTS, SGLANG_VERSION, STAND_DOWN, base_env, serve
+
+pytestmark = pytest.mark.skipif(
+    SGLANG_VERSION not in AFFECTED + STAND_DOWN, reason=f"no launch scenario on SGLang {SGLANG_VERSION}"
+)
+full_only = pytest.mark.skipif(SGLANG_VERSION not in FULL, reason="b and e run on 0.5.15.post1, 0.5.17, 0.5.20")
+affected_only = pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason="the plugin stands down here (f)")
+stand_down_only = pytest.mark.skipif(SGLANG_VERSION not in STAND_DOWN, reason="f runs on 0.5.23 and 0.5.15")
+
+PROCESSES = {"main", "DP0 TP0", "DP1 TP1"}  # the launcher and the two scheduler ranks (the ones that load plugins)
+STATS_EVERY = 2
+STATS_LINE = re.compile(
+    r"^\[[^\]]* DP(?P<dp>\d) TP\d\] sglang-dp-mtp-fix stats \(last (?P<n>\d+) decode batches\): "
+    r"generic decode vote graph-eligible=(?P<gy>\d+) eager=(?P<gn>\d+); "
+    r"draft vote graph-eligible=(?P<dy>\d+) forced-eager=(?P<dn>\d+); "
+    r"forced-eager by cause: own seedless batch=(?P<own>\d+), another rank's vote=(?P<other>\d+)$",
+    re.M,
+)
+PEER_PASSED = re.compile(
+    r"^\[[^\]]* DP(?P<dp>\d) TP\d\] sglang-dp-mtp-fix: cross-rank patch-state check passed on rank (?P<rank>\d): "
+    r"2 ranks agree \(plugin \S+, \d+ of 6 patches applied, \d+ fingerprints\)$",
+    re.M,
+)
+
+
+def statuses(line: str) -> dict[str, str]:
+    return dict(re.findall(r"(\w+)=([\w-]+)(?:,|$)", line.split("): ", 1)[1]))
+
+
+@pytest.fixture(scope="module")
+def patched(gaps_path, launch_tmp, launch_timings):
+    if SGLANG_VERSION not in AFFECTED:
+        pytest.skip("the plugin stands down here")
+    return serve("patched", launch_tmp, base_env(gaps_path, SGLANG_DP_MTP_FIX_STATS=str(STATS_EVERY)), launch_timings)
+
+
+@pytest.fixture(scope="module")
+def off(gaps_path, launch_tmp, launch_timings):
+    env = base_env(gaps_path, SGLANG_DP_MTP_FIX="off", SGLANG_DP_MTP_FIX_STATS=str(STATS_EVERY))
+    return serve("off", launch_tmp, env, launch_timings)
+
+
+@pytest.fixture(scope="module")
+def no_harm(gaps_path, launch_tmp, launch_timings):
+    """b's three arms, same requests, one at a time (tokens must not depend on how requests share batches)."""
+    if SGLANG_VERSION not in FULL:
+        pytest.skip("b runs on 0.5.15.post1, 0.5.17, 0.5.20")
+    arms = {
+        "patched": base_env(gaps_path),
+        "off": base_env(gaps_path, SGLANG_DP_MTP_FIX="off"),
+        "not selected": base_env(gaps_path, SGLANG_PLUGINS="launch_cpu_gaps"),
+    }
+    return {arm: serve(f"b-{arm.replace(' ', '-')}", launch_tmp, env, launch_timings, pd=False)
+            for arm, env in arms.items()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def standing_down(gaps_path, launch_tmp, launch_timings):
+    return serve("stand-down", launch_tmp, base_env(gaps_path), launch_timings)
+
+
+def assert_served(launch) -> None:
+    for out in launch.outputs:
+        assert out["meta_info"]["completion_tokens"] == NEW_TOKENS and len(out["output_ids"]) == NEW_TOKENS, out
+    assert "Traceback" not in launch.log, launch.log[-4000:]
+
+
+def assert_one_line_per_process(launch, must_contain: str) -> dict[str, str]:
+    """Every process that loads the plugin logs its report line exactly once (defects 1 and 2): the launcher plain,
+    each scheduler with SGLang's rank prefix; and as many processes wrote a report file as logged a line."""
+    lines = launch.report_lines()
+    assert set(lines) == PROCESSES and all(len(v) == 1 for v in lines.values()), lines
+    for line in (v[0] for v in lines.values()):
+        assert f"on SGLang {SGLANG_VERSION} " in line and must_contain in line, line
+    files = launch.report_files()
+    assert len({f["pid"] for f in files}) == len(files) == len(PROCESSES), [f["pid"] for f in files]
+    assert sorted(f["summary"] for f in files) == sorted(v[0] for v in lines.values())
+    return {k: v[0] for k, v in lines.items()}
+
+
+# --- a. patched launch -------------------------------------------------------------------------------------------
+
+
+@affected_only
+def test_a_every_process_logs_its_report_line_once(patched):
+    lines = assert_one_line_per_process(patched, "(mode=auto): ")
+    for line in lines.values():
+        assert statuses(line)["draft_graph_vote"] == "applied" and "SGLANG_DP_MTP_FIX=off" not in line, line
+
+
+@affected_only
+def test_a_cross_rank_check_passes_and_says_so_once_per_rank(patched):
+    passed = [(m["dp"], m["rank"]) for m in PEER_PASSED.finditer(patched.log)]
+    assert sorted(passed) == [("0", "0"), ("1", "1")], patched.log[-4000:]
+    assert "PeerStateMismatch" not in patched.log and "check could not run" not in patched.log
+
+
+@affected_only
+def test_a_requests_complete_on_every_dp_rank(patched):
+    assert_served(patched)
+    assert {out["meta_info"]["dp_rank"] for out in patched.outputs} == {0, 1}
+
+
+# --- g. counters -------------------------------------------------------------------------------------------------
+
+
+@affected_only
+def test_g_counters_on_every_rank_during_real_decode_with_words_true_without_graphs(patched):
+    lines = list(STATS_LINE.finditer(patched.log))
+    assert {m["dp"] for m in lines} == {"0", "1"}, patched.log[-4000:]
+    for m in lines:
+        n = int(m["n"])
+        assert n == STATS_EVERY and int(m["gy"]) + int(m["gn"]) == n and int(m["dy"]) + int(m["dn"]) == n
+        # --disable-cuda-graph: SGLang's own generic vote is "eager" for every batch; the draft vote only says no
+        # rank forced eager (no seedless batch in plain decode), which is what its words say.
+        assert int(m["gy"]) == 0 and int(m["dn"]) == 0 and int(m["own"]) == int(m["other"]) == 0, m[0]
+    assert "graph true=" not in patched.log  # the old wording, which read as graph use
+
+
+# --- b. no harm --------------------------------------------------------------------------------------------------
+
+
+@full_only
+def test_b_token_identical_with_plugin_off_and_not_selected(no_harm):
+    ids = {arm: [o["output_ids"] for o in launch.sequential] for arm, launch in no_harm.items()}
+    assert len({str(v) for v in ids.values()}) == 1, ids
+    assert len({str(o) for o in ids["patched"]}) > 1  # distinct prompts give distinct completions: a real comparison
+    assert len(ids["patched"]) == len(PROMPTS)
+    assert {o["meta_info"]["dp_rank"] for o in no_harm["patched"].sequential} == {0, 1}  # both ranks compared
+    for launch in no_harm.values():
+        assert_served(launch)
+    assert "draft_graph_vote=applied" in no_harm["patched"].log  # the arms are what they say
+    assert "(mode=off): SGLANG_DP_MTP_FIX=off here" in no_harm["off"].log
+
+
+@full_only
+def test_b_not_selected_means_not_loaded(no_harm):
+    assert "sglang-dp-mtp-fix" not in no_harm["not selected"].log and not no_harm["not selected"].report_files()
+
+
+# --- e. kill switch for the whole launch -------------------------------------------------------------------------
+
+
+@full_only
+def test_e_off_leaves_sglang_stock_and_every_process_says_so(off):
+    lines = assert_one_line_per_process(off, "(mode=off): SGLANG_DP_MTP_FIX=off here, SGLang left fully stock: ")
+    for line in lines.values():
+        assert set(statuses(line).values()) == {"disabled"}, line
+    assert "cross-rank patch-state check" not in off.log and not STATS_LINE.search(off.log)  # nothing hooked
+    assert_served(off)
+
+
+# --- f. superseded / not affected --------------------------------------------------------------------------------
+
+
+@stand_down_only
+def test_f_stands_down_with_one_visible_line_and_serves(standing_down):
+    want = "not-affected" if SGLANG_VERSION == "0.5.15" else "superseded"
+    lines = assert_one_line_per_process(standing_down, "(mode=auto): ")
+    for line in lines.values():
+        got = statuses(line)
+        assert got["draft_graph_vote"] == want and set(got.values()) <= {want, "not-affected"}, line
+    assert "cross-rank patch-state check" not in standing_down.log  # nothing applied: nothing to compare
+    assert_served(standing_down)
