@@ -164,10 +164,13 @@ def test_report_line_is_held_until_sglang_configures_logging_whatever_the_mode(m
         assert "SGLANG_DP_MTP_FIX=off" not in lines[0]
 
 
-def test_a_logging_setup_that_would_drop_the_line_does_not_take_it():
-    # 0.5.21+: configure_hf_hub_logger() runs a bare basicConfig (root at WARNING) before SGLang's configure_logger.
-    post = "logging.basicConfig(format='%(message)s')\n" + CONFIGURE_LOGGER
-    proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, post=post)
+@pytest.mark.parametrize("where", ["before load_plugins", "after load_plugins"])
+def test_a_logging_setup_that_would_drop_the_line_does_not_take_it(where):
+    # 0.5.21+: configure_hf_hub_logger() runs a bare basicConfig (root at WARNING) before SGLang's configure_logger,
+    # in some processes even before load_plugins() (seen on 0.5.23: no line at all from any process).
+    bare = "logging.basicConfig(format='%(message)s')\n"
+    pre, post = (bare, CONFIGURE_LOGGER) if where == "before load_plugins" else ("", bare + CONFIGURE_LOGGER)
+    proc, _ = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, pre=pre, post=post)
     lines = [line for line in proc.stderr.splitlines() if "sglang-dp-mtp-fix " in line]
     assert len(lines) == 1 and lines[0].startswith("[RANK-PREFIX] "), proc.stderr[-3000:]
 

@@ -67,7 +67,9 @@ def problem_line(outcomes: Sequence[Outcome], config: Config) -> str | None:
 
 
 def logging_configured() -> bool:
-    return bool(logging.getLogger().handlers)
+    """Logging is set up so that the report line (INFO) is shown: a root handler, and INFO enabled. (0.5.21+ runs a
+    bare ``basicConfig`` for the Hub logger, root at WARNING, in some processes before the plugin loads.)"""
+    return bool(logging.getLogger().handlers) and logger.isEnabledFor(logging.INFO)
 
 
 def emit(outcomes: Sequence[Outcome], config: Config, level: int | None = None) -> None:
@@ -108,7 +110,7 @@ class PendingLine:
             result = original(*args, **kwargs)
             # Not on a set-up that would drop the line: 0.5.21+ calls a bare basicConfig (root at WARNING) for the
             # Hub logger before configure_logger; the line waits for the set-up that lets INFO through.
-            if logging_configured() and logger.isEnabledFor(logging.INFO):
+            if logging_configured():
                 self.flush()
             return result
 

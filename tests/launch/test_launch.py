@@ -18,7 +18,7 @@ full_only = pytest.mark.skipif(SGLANG_VERSION not in FULL, reason="b and e run o
 affected_only = pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason="the plugin stands down here (f)")
 stand_down_only = pytest.mark.skipif(SGLANG_VERSION not in STAND_DOWN, reason="f runs on 0.5.23 and 0.5.15")
 
-PROCESSES = {"main", "DP0 TP0", "DP1 TP1"}  # the launcher and the two scheduler ranks (the ones that load plugins)
+RANKS = {"DP0 TP0", "DP1 TP1"}  # SGLang's scheduler log prefixes
 STATS_EVERY = 2
 STATS_LINE = re.compile(
     r"^\[[^\]]* DP(?P<dp>\d) TP\d\] sglang-dp-mtp-fix stats \(last (?P<n>\d+) decode batches\): "
@@ -79,13 +79,16 @@ def assert_served(launch) -> None:
 def assert_one_line_per_process(launch, must_contain: str) -> dict[str, str]:
     """Every process that loads the plugin logs its report line exactly once (defects 1 and 2): the launcher plain,
     each scheduler with SGLang's rank prefix; and as many processes wrote a report file as logged a line."""
+    # Which processes load plugins is SGLang's choice (the launcher and the schedulers; 0.5.23 also its DP controller
+    # and detokenizer, which log without a prefix): each of them writes one report file and logs one line.
     lines = launch.report_lines()
-    assert set(lines) == PROCESSES and all(len(v) == 1 for v in lines.values()), lines
-    for line in (v[0] for v in lines.values()):
+    assert set(lines) == RANKS | {"main"} and all(len(lines[r]) == 1 for r in RANKS), lines
+    every = [line for v in lines.values() for line in v]
+    for line in every:
         assert f"on SGLang {SGLANG_VERSION} " in line and must_contain in line, line
     files = launch.report_files()
-    assert len({f["pid"] for f in files}) == len(files) == len(PROCESSES), [f["pid"] for f in files]
-    assert sorted(f["summary"] for f in files) == sorted(v[0] for v in lines.values())
+    assert len({f["pid"] for f in files}) == len(files) == len(every) >= 3, ([f["pid"] for f in files], lines)
+    assert sorted(f["summary"] for f in files) == sorted(every)
     return {k: v[0] for k, v in lines.items()}
 
 
