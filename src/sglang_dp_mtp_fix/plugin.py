@@ -18,7 +18,7 @@ from typing import Any
 
 from sglang_dp_mtp_fix import peers, report
 from sglang_dp_mtp_fix.config import Config, load_config
-from sglang_dp_mtp_fix.core import Outcome, PatchManager, _Change
+from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, _Change
 from sglang_dp_mtp_fix.patches import all_patches
 
 _lock = threading.Lock()
@@ -47,6 +47,7 @@ def register() -> list[Outcome]:
         return manager.outcomes
     config = load_config(manager.ids)
     last_config = config
+    manager.on_deferred = functools.partial(_deferred_outcome, manager, config)
     outcomes = manager.apply(config)
     problem = report.problem_line(outcomes, config)
     file_problem = _write_report_file(outcomes, config)
@@ -60,9 +61,25 @@ def register() -> list[Outcome]:
     report_now = report.logging_configured() or not manager.applied
     if report_now:
         report.emit(outcomes, config, level=logging.INFO if problem else None)
-    if manager.applied:  # only a process we patched touches Scheduler (off/stock/unsupported: nothing is hooked)
+    if manager.applied or manager.pending:  # only a process we patch touches Scheduler (off/stock: nothing hooked)
         _after_scheduler_init(manager, outcomes, config, report_pending=not report_now)
     return outcomes
+
+
+def _deferred_outcome(manager: PatchManager, config: Config, patch: Patch, outcome: Outcome) -> None:
+    """A deferred patch was checked when its module was imported (during SGLang's model import, or later). A problem
+    is one WARNING line and that patch stays stock; in strict mode it stops the process: ``StrictModeAbort`` is a
+    ``SystemExit``, which SGLang's model registry (``except Exception``) cannot swallow, so the scheduler process
+    exits and the launch fails."""
+    where = f"when {patch.deferred_until_import} was imported"
+    if outcome.status is Status.UNSUPPORTED:
+        line = f"sglang-dp-mtp-fix: {patch.id} left stock {where}: {outcome.reason}"
+        if config.strict:
+            manager.restore()
+            raise StrictModeAbort(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
+        report.logger.warning(line)
+    else:
+        report.logger.info("sglang-dp-mtp-fix: %s %s %s: %s", patch.id, outcome.status.value, where, outcome.reason)
 
 
 def _write_report_file(outcomes: list[Outcome], config: Config) -> str | None:
@@ -121,7 +138,7 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
     exception out of ``Scheduler.__init__`` brings SGLang's launch down with the message); a store that fails is one
     warning in ``auto`` and an error in ``strict``."""
     try:
-        peers.check(outcomes, manager.fingerprints, config.peer_timeout_s)
+        peers.check(outcomes, manager.peer_fingerprints(), config.peer_timeout_s)
     except peers.PeerStateMismatch:
         raise
     except peers.PeerCheckError as exc:
