@@ -195,6 +195,7 @@ from sglang_dp_mtp_fix import plugin
 from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
 print(json.dumps({"statuses": {o.id: o.status.value for o in plugin.get_manager().outcomes},
                   "foreign": Indexer.forward_cuda.__code__.co_filename == "<string>",
+                  "backend_imported": "sglang.srt.layers.attention.dsa_backend" in sys.modules,
                   "deepseek_v2": "sglang.srt.models.deepseek_v2" in sys.modules}))
 """
 
@@ -204,7 +205,9 @@ def test_a_problem_at_the_hook_leaves_that_patch_stock_with_one_warning_and_the_
     proc = run_python(FOREIGN_HOOK_ON_INDEXER + AFTER_MODEL_IMPORT, {"SGLANG_PLUGINS": "dp_mtp_fix"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = last_json(proc.stdout)
-    assert out["statuses"] == {**expected_statuses(), "dsa_idle_index": "unsupported"}
+    # dsa_backend: imported by the registry on 0.5.16+ (forward_mla); on 0.5.15.post1 only when a DSA backend is built
+    backend = expected_statuses(dsa_imported=out["backend_imported"])["dsa_trtllm_trim"]
+    assert out["statuses"] == {**expected_statuses(), "dsa_idle_index": "unsupported", "dsa_trtllm_trim": backend}
     assert out["foreign"] and out["deepseek_v2"]  # the other plugin's wrapper stays; SGLang's model import completed
     ours = [line for line in proc.stderr.splitlines() if line.startswith("WARNING sglang_dp_mtp_fix")]
     assert len(ours) == 1 and "dsa_idle_index left stock when" in ours[0] and "another hook" in ours[0], ours
