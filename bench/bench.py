@@ -111,12 +111,15 @@ def activation_time(repeats: int = 5) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DP_MTP_FIX")}
     out = {}
     for mode in ("warm", "dsa-warm", "cold"):
-        runs = []
+        runs, statuses = [], None
         for _ in range(repeats):
             proc = subprocess.run([sys.executable, "-c", textwrap.dedent(ACTIVATION), mode], env=env,
                                   capture_output=True, text=True, timeout=300)  # fmt: skip
-            runs.append(json.loads(proc.stdout.strip().splitlines()[-1])["ms"])
-        out[mode] = {"median_ms": round(statistics.median(runs), 2), "runs_ms": [round(r, 2) for r in runs]}
+            run = json.loads(proc.stdout.strip().splitlines()[-1])
+            runs.append(run["ms"])
+            statuses = run["statuses"]
+        out[mode] = {"median_ms": round(statistics.median(runs), 2), "runs_ms": [round(r, 2) for r in runs],
+                     "statuses": statuses}  # fmt: skip
     out["median_ms"] = out["warm"]["median_ms"]
     return out
 
@@ -143,11 +146,33 @@ def graph_rates(rounds: int, ranks: int) -> dict:
     }
 
 
+def activation_only() -> None:
+    """``bench.py --activation``: only the activation figures, to results/activation-<release>.json."""
+    from importlib.metadata import version
+
+    from sglang_dp_mtp_fix import _version
+
+    release = version("sglang")
+    result = activation_time()
+    result.update(sglang_version=release, date=time.strftime("%Y-%m-%d"), machine=machine(),
+                  plugin_version=_version.__version__)  # fmt: skip
+    out = HERE / "results" / f"activation-{release}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(
+        f"SGLang {release} on {result['machine']['cpu']} ({result['machine']['cores']} cores): activation "
+        + ", ".join(f"{m} {result[m]['median_ms']} ms" for m in ("warm", "dsa-warm", "cold"))
+        + f"; wrote {out}"
+    )
+
+
 def main() -> None:
     from importlib.metadata import version
 
     from sglang_dp_mtp_fix.harness.pool import RankPool
 
+    if "--activation" in sys.argv[1:]:
+        activation_only()
+        return
     release = version("sglang")
     t0 = time.time()
     result = {"sglang_version": release, "machine": machine(), "date": time.strftime("%Y-%m-%d")}
@@ -170,8 +195,9 @@ def main() -> None:
           f"(ratio {s['wall_ratio']})")  # fmt: skip
     print(f"  can_run_graph: stock {c['median_ns']['stock']:.0f} ns, patched {c['median_ns']['patched']:.0f} ns "
           f"(ratio {c['ratio']})")  # fmt: skip
-    print(f"  plugin activation beyond SGLang's import: median {a['warm']['median_ms']} ms "
-          f"({a['cold']['median_ms']} ms when it is the first to import SGLang's speculative modules)")  # fmt: skip
+    print(f"  plugin activation beyond SGLang's import: median {a['warm']['median_ms']} ms warm, "
+          f"{a['dsa-warm']['median_ms']} ms with the DSA modules imported ({a['cold']['median_ms']} ms when it is the "
+          "first to import SGLang's speculative modules)")  # fmt: skip
     print(f"  generic-graph rate: ours {g['ours']['generic_graph_rate']:.1%}, folded alternative "
           f"{g['folded_alternative']['generic_graph_rate']:.1%}; draft-graph rate {g['ours']['draft_graph_rate']:.1%}; "
           f"stock hangs {g['stock']['hangs']} / {g['rounds']} rounds")  # fmt: skip

@@ -38,14 +38,43 @@ VOTE_GROUP = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
 LOCAL_ROWS_AFFECTED = ("0.5.16", "0.5.17", "0.5.18")  # idle ranks run the full eager draft loop + topk1 assert
 
 
-def expected_statuses() -> dict[str, str]:
-    """Per patch id, the outcome on this release (the README compatibility table)."""
+DEFERRED = ("dsa_idle_index", "dsa_trtllm_trim")  # applied when their module is imported (post-import hook)
+DSA_MODULES = ("sglang.srt.layers.attention.dsa_backend", "sglang.srt.layers.attention.dsa.dsa_indexer")
+
+
+def expected_statuses(dsa_imported: bool = True) -> dict[str, str]:
+    """Per patch id, the outcome on this release (the README compatibility table).
+
+    ``dsa_imported``: the DSA modules were imported in that process (as in every scheduler that loads a model:
+    SGLang's model registry imports them; this test session imports them at start, see below). In a fresh process
+    that has not imported them, an affected release reports the DSA patches ``not-loaded``."""
     from sglang_dp_mtp_fix.patches import PATCH_IDS
 
     group = expected_status()
     per_patch = {pid: group for pid in PATCH_IDS}
     per_patch["draft_local_rows"] = "applied" if SGLANG_VERSION in LOCAL_ROWS_AFFECTED else "not-affected"
+    if not dsa_imported and group == "applied":
+        per_patch.update({pid: "not-loaded" for pid in DEFERRED})
     return {pid: per_patch[pid] for pid in PATCH_IDS}
+
+
+def _import_dsa_modules() -> None:
+    """The in-process tests run in the state of a scheduler after model import: SGLang's model registry imports the
+    DSA modules in every scheduler that loads a model, so their patches apply at register() like the others.
+    Fresh-process tests (run_python) start without them and check the not-loaded / post-import path."""
+    import importlib
+
+    for name in DSA_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a release whose DSA code cannot load on CPU: the patches stay not-loaded
+            pass
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Here, not at import: fresh-process tests import test modules (and so this file) and must start without them.
+    if SGLANG_VERSION is not None:
+        _import_dsa_modules()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -4,9 +4,12 @@ The case list is built from ``all_patches()`` at collection time, so a new patch
 touching this file. Faults: the target is missing, renamed, has a changed signature, has a drifted body, raises
 while being applied, or is already hooked by another plugin. Each applicable case must leave SGLang fully stock
 (identity of every target, the report seam and every plugin-marked object checked), with exactly one WARNING line
-in ``auto``, ``StrictModeAbort`` in ``strict``, and ``doctor --json`` naming the problem. Combinations that cannot
-apply to a target kind are skipped with the reason in the skip message (``-rs``); ``conftest.py`` counts and lists
-the cases at the end of the run.
+in ``auto``, ``StrictModeAbort`` in ``strict``, and ``doctor --json`` naming the problem. A deferred patch (applied when
+its module is imported; the session has imported the DSA modules, so it is checked at ``register()`` through the same
+code its post-import hook runs) is its own transaction: a fault leaves *that* patch stock, by identity, with one
+WARNING line, and the other patches keep their outcome (the hook itself, in fresh processes: ``test_deferred.py``).
+Combinations that cannot apply to a target kind are skipped with the reason in the skip message (``-rs``);
+``conftest.py`` counts and lists the cases at the end of the run.
 
 How a fault is made (SGLang itself is never edited on disk; ``monkeypatch`` undoes every change):
   * missing / renamed: the attribute (ADD targets: the class that would receive the new attribute) is deleted
@@ -104,8 +107,8 @@ def _target_value(target: Target) -> Any:
         return "<absent>"
 
 
-def _marked_objects() -> list[str]:
-    """Every object carrying the plugin's marker in an SGLang module or class namespace (must be none when stock)."""
+def _marked_objects(only: str | None = None) -> list[str]:
+    """Every object carrying the plugin's marker (``only``: that patch's) in an SGLang module or class namespace."""
     found = []
     for name, mod in list(sys.modules.items()):
         if mod is None or not (name == "sglang" or name.startswith("sglang.")):
@@ -116,18 +119,21 @@ def _marked_objects() -> list[str]:
                 spaces += [(f"{key}.{k}", v) for k, v in list(value.__dict__.items())]
             for label, obj in spaces:
                 func = fp.function_of(obj)
-                if inspect.isfunction(func) and MARKER in func.__dict__:
+                if inspect.isfunction(func) and MARKER in func.__dict__ and only in (None, func.__dict__[MARKER]):
                     found.append(f"{name}.{label}")
     return found
 
 
-def stock_state() -> dict[str, Any]:
-    """What 'fully stock' means, by identity: every target of every patch, the report seam, no marked object."""
+def stock_state(only: str | None = None) -> dict[str, Any]:
+    """What 'fully stock' means, by identity: every target of every patch, the report seam, no marked object.
+    ``only``: what 'that patch is stock' means (its targets, no object marked by it)."""
     from sglang.srt.managers.scheduler import Scheduler
 
-    state: dict[str, Any] = {t.name: _target_value(t) for p in all_patches() for t in p.targets}
-    state["Scheduler.__init__"] = Scheduler.__dict__.get("__init__")
-    state["marked objects"] = tuple(_marked_objects())
+    patches = [p for p in all_patches() if only in (None, p.id)]
+    state: dict[str, Any] = {t.name: _target_value(t) for p in patches for t in p.targets}
+    if only is None:
+        state["Scheduler.__init__"] = Scheduler.__dict__.get("__init__")
+    state["marked objects"] = tuple(_marked_objects(only))
     return state
 
 
@@ -156,10 +162,14 @@ def baseline() -> dict[str, str]:
     return {o.id: o.status.value for o in outcomes}
 
 
-def assert_stood_down(statuses: dict[str, str]) -> None:
+def assert_stood_down(statuses: dict[str, str], deferred: str | None = None) -> None:
     """Nothing applied: every patch that applies here without the fault is unsupported (one problem keeps SGLang
-    fully stock); the others keep their verdict (not-affected, superseded) or are unsupported too."""
+    fully stock); the others keep their verdict (not-affected, superseded) or are unsupported too.
+    ``deferred``: that deferred patch is unsupported, every other patch keeps its outcome."""
     base = baseline()
+    if deferred is not None:
+        assert statuses == {**base, deferred: "unsupported"}, statuses
+        return
     assert "applied" not in statuses.values(), statuses
     for pid, status in statuses.items():
         assert status == "unsupported" if base[pid] == "applied" else status in (base[pid], "unsupported"), statuses
@@ -255,10 +265,11 @@ def test_fault_leaves_sglang_stock(patch_id, target, fault, monkeypatch, caplog,
 
     if baseline()[patch_id] != "applied":
         pytest.skip(f"{patch_id} is {baseline()[patch_id]} on SGLang {SGLANG_VERSION}: its targets are not checked")
+    deferred = patch_id if next(p for p in all_patches() if p.id == patch_id).deferred_until_import else None
     pristine = stock_state()
     with monkeypatch.context() as m:
         needle = inject(patch_id, target, fault, m)
-        before = stock_state()
+        before = stock_state(deferred)
 
         # auto: fully stock, exactly one WARNING line, naming the problem
         m.setenv(MODE_ENV, "auto")
@@ -266,12 +277,13 @@ def test_fault_leaves_sglang_stock(patch_id, target, fault, monkeypatch, caplog,
         restored.restore()
         with caplog.at_level(logging.INFO, logger="sglang_dp_mtp_fix"):
             outcomes = restored.register()
-        assert_stood_down({o.id: o.status.value for o in outcomes})
+        assert_stood_down({o.id: o.status.value for o in outcomes}, deferred)
         ours = [r for r in caplog.records if r.name.startswith("sglang_dp_mtp_fix")]
         warnings = [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
-        assert len(warnings) == 1 and "SGLang left stock" in warnings[0], warnings
+        said = f"{deferred} left stock" if deferred else "SGLang left stock"
+        assert len(warnings) == 1 and said in warnings[0], warnings
         assert needle in " ".join(o.reason for o in outcomes), outcomes
-        assert_same(before, stock_state())
+        assert_same(before, stock_state(deferred))
 
         # strict: a process stop that SGLang's loader cannot swallow, still fully stock
         m.setenv(MODE_ENV, "strict")
@@ -279,7 +291,7 @@ def test_fault_leaves_sglang_stock(patch_id, target, fault, monkeypatch, caplog,
         restored.restore()
         with pytest.raises(StrictModeAbort, match="strict: stopping"):
             restored.register()
-        assert_same(before, stock_state())
+        assert_same(before, stock_state(deferred))
 
         # doctor --json (the console script's code path, in this process where the fault lives)
         m.setenv(MODE_ENV, "auto")
@@ -293,7 +305,7 @@ def test_fault_leaves_sglang_stock(patch_id, target, fault, monkeypatch, caplog,
             assert code == 0 and statuses == baseline()
         else:
             assert code == 1, data
-            assert_stood_down(statuses)
+            assert_stood_down(statuses, deferred)
             assert needle in " ".join(p["reason"] for p in data["patches"]), data
         restored.restore()
     _clear_detection_caches()

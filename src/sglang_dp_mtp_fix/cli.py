@@ -1,7 +1,9 @@
 """Command line: ``sglang-dp-mtp-fix doctor [--json]``.
 
 ``doctor`` runs the plugin's own checks without a GPU and without starting SGLang (it imports the target modules,
-changes nothing) and reports what ``load_plugins()`` would do in this environment.
+changes nothing) and reports what ``load_plugins()`` would do in this environment. For a deferred patch (applied when
+its module is imported, e.g. the DSA patches) it imports that module in the doctor's own process and reports what the
+post-import hook would decide ("applied when ... is imported", or why not); superseded checks read the source text.
 Exit codes: 0 fixed or not affected; 1 an affected install would not be patched; 2 usage or configuration error.
 """
 
@@ -43,7 +45,7 @@ def doctor_report() -> tuple[dict[str, Any], int]:
 
     manager = PatchManager(all_patches())
     config = load_config(manager.ids)
-    outcomes, _ = manager.plan(config)  # checks only: nothing is changed
+    outcomes, _ = manager.plan(config, import_deferred=True)  # checks only: nothing is changed
     selected, why = entry_point_selected()
     data: dict[str, Any] = {
         "sglang_version": report.sglang_version(),
@@ -63,7 +65,7 @@ def doctor_report() -> tuple[dict[str, Any], int]:
     if Status.DISABLED in statuses:
         # Disabled by the operator: is this install affected at all? (A not-affected or already fixed SGLang is fine
         # whatever the switches say.)
-        underlying, _ = manager.plan(Config(mode=Mode.AUTO))
+        underlying, _ = manager.plan(Config(mode=Mode.AUTO), import_deferred=True)
         data["without_switches"] = [o.as_dict() for o in underlying]
         if {o.status for o in underlying} <= {Status.SUPERSEDED, Status.NOT_AFFECTED}:
             statuses = {o.status for o in underlying}

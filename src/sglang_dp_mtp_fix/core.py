@@ -8,20 +8,35 @@ rolls everything back by identity if anything goes wrong. ``restore()`` puts eve
 
 Patches that depend on each other (``requires``) form a group that applies together or not at all; a problem in
 any patch leaves SGLang fully stock (non-negotiable: a DP group must never end up half-patched).
+
+Deferred patches (``Patch.deferred_until_import = "module.name"``): a standalone patch (no ``requires``, required by
+none) whose targets live in a module that many processes never need. Loading the plugin then does not import that
+module: ``classify()`` (which must not import it) runs at load; the checks that need the module
+(``check_imported()``, target resolution and fingerprints) and the application run when the module is imported,
+from a post-import hook (``importhook``), or at once when it already is. Until then the patch's status is
+``not-loaded``. The deferred patch is its own transaction: a problem at that moment leaves that patch stock (its
+targets by identity) and is reported through ``PatchManager.on_deferred``; the patches applied at load stay. It is
+armed only when the load-time transaction applied or stood down cleanly (a load-time problem keeps everything stock,
+deferred patches included). Every rank runs the same code, so the verdict at the hook is the same on every rank;
+``peer_fingerprints()`` adds the source digests of the modules a pending patch will check, so the start-up
+cross-rank check also covers a module imported only after it ran.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import importlib
+import importlib.util
 import inspect
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_dp_mtp_fix import fingerprint as fp
+from sglang_dp_mtp_fix import importhook
 from sglang_dp_mtp_fix.config import Config, Mode
 
 # Releases the patches were written against: a target fingerprint must have been seen in one of these.
@@ -36,6 +51,7 @@ class Status(str, enum.Enum):
     NOT_AFFECTED = "not-affected"
     DISABLED = "disabled"
     UNSUPPORTED = "unsupported"
+    NOT_LOADED = "not-loaded"  # deferred patch whose module this process has not imported (yet)
 
 
 class Kind(str, enum.Enum):
@@ -91,8 +107,16 @@ class Patch:
     requires: tuple[str, ...] = ()
     targets: tuple[Target, ...] = ()
 
+    deferred_until_import: str | None = None  # a module name: checked and applied when it is imported (see above)
+
     def classify(self) -> None:
-        """Raise ``Verdict`` when the installed SGLang already has the fix or is not affected."""
+        """Raise ``Verdict`` when the installed SGLang already has the fix or is not affected.
+
+        For a deferred patch it runs at load and must not import ``deferred_until_import``."""
+
+    def check_imported(self) -> None:
+        """Feature detection that needs the imported modules: runs right before the targets are checked (for a
+        deferred patch: once its module is imported). Raise ``Verdict`` or ``TargetProblem``."""
 
     config: Config = Config()  # set by the manager before ``replacements`` (load-time choices such as stats)
 
@@ -236,7 +260,15 @@ class PatchManager:
         self._changes: list[_Change] = []
         self.outcomes: list[Outcome] | None = None
         self.fingerprints: dict[str, str] = {}  # target name -> fingerprint of what was patched (empty when stock)
+        self._pending: dict[str, importhook.Hook] = {}  # deferred patch id -> its armed post-import hook
+        self._generation = 0  # bumped by apply/restore: a hook armed before a restore does nothing
+        # Called after a deferred patch was checked/applied from its post-import hook (not during ``apply``): the
+        # plugin logs it, or stops the process in strict mode (an exception raised here fails that import).
+        self.on_deferred: Callable[[Patch, Outcome], None] | None = None
         groups(self.patches)  # validates requires
+        for p in self.patches:
+            if p.deferred_until_import and (p.requires or any(p.id in q.requires for q in self.patches)):
+                raise ValueError(f"deferred patch {p.id} must be its own group (no requires, required by none)")
 
     @property
     def ids(self) -> list[str]:
@@ -246,9 +278,21 @@ class PatchManager:
     def applied(self) -> bool:
         return bool(self._changes)
 
+    @property
+    def pending(self) -> list[str]:
+        """Deferred patches whose module has not been imported yet (their hook is armed)."""
+        return list(self._pending)
+
     # -- planning --------------------------------------------------------------------------------------------
-    def plan(self, config: Config) -> tuple[list[Outcome], dict[str, dict[Target, Resolved]]]:
-        """Classify and check every patch without changing anything."""
+    def plan(
+        self, config: Config, import_deferred: bool = False, *, check_deferred: bool = True
+    ) -> tuple[list[Outcome], dict[str, dict[Target, Resolved]]]:
+        """Classify and check every patch without changing anything.
+
+        A deferred patch is never part of the returned transaction. Its outcome is what its post-import hook decides
+        when its module is already imported (or, with ``import_deferred`` (doctor), after importing it here), else
+        ``not-loaded``; ``check_deferred=False`` (``apply``, which checks them when it arms them) leaves every
+        deferred patch that ``classify`` let through ``not-loaded``."""
         outcomes: dict[str, Outcome] = {}
         resolved: dict[str, dict[Target, Resolved]] = {}
         if config.error:
@@ -284,29 +328,64 @@ class PatchManager:
             except Exception as exc:  # noqa: BLE001 - classification must never crash the host
                 outcomes[p.id] = Outcome(p.id, Status.UNSUPPORTED, f"feature detection failed: {exc!r}")
                 continue
-            try:
-                res = {}
-                for t in p.targets:
-                    r = resolve(t)
-                    if r is not None:
-                        res[t] = r
+            if p.deferred_until_import:
+                outcomes[p.id] = Outcome(p.id, Status.NOT_LOADED, _not_loaded_reason(p))
+                continue
+            outcome, res = self._check(p)
+            outcomes[p.id] = outcome
+            if res is not None:
                 resolved[p.id] = res
-                outcomes[p.id] = Outcome(p.id, Status.APPLIED, _checked_reason(res))
-            except TargetProblem as exc:
-                outcomes[p.id] = Outcome(p.id, Status.UNSUPPORTED, str(exc))
-            except Exception as exc:  # noqa: BLE001
-                outcomes[p.id] = Outcome(p.id, Status.UNSUPPORTED, f"target check failed: {exc!r}")
         self._enforce_groups(outcomes)
-        # Never half-patched: one unsupported patch keeps SGLang fully stock.
+        # Never half-patched: one unsupported patch keeps SGLang fully stock (deferred patches are never armed then).
         bad = [o for o in outcomes.values() if o.status is Status.UNSUPPORTED]
         if bad:
             first = bad[0]
             for o in outcomes.values():
-                if o.status is Status.APPLIED:
+                if o.status in (Status.APPLIED, Status.NOT_LOADED):
                     o.status = Status.UNSUPPORTED
                     o.reason = f"not applied: SGLang kept fully stock because {first.id} is unsupported"
             resolved = {}
+        elif check_deferred:
+            for p in self.patches:
+                if outcomes[p.id].status is not Status.NOT_LOADED:
+                    continue
+                imported = importhook.is_imported(p.deferred_until_import or "")
+                if imported or import_deferred:
+                    outcome, _ = self._check_deferred(p)
+                    if outcome.status is Status.APPLIED and not imported:
+                        outcome.reason = f"applied when {p.deferred_until_import} is imported ({outcome.reason})"
+                    outcomes[p.id] = outcome
         return [outcomes[p.id] for p in self.patches], resolved
+
+    def _check(self, p: Patch) -> tuple[Outcome, dict[Target, Resolved] | None]:
+        """``check_imported`` and every target of one patch: (outcome, resolved targets or None)."""
+        try:
+            p.check_imported()
+            res = {}
+            for t in p.targets:
+                r = resolve(t)
+                if r is not None:
+                    res[t] = r
+        except Verdict as v:
+            return Outcome(p.id, v.status, v.reason), None
+        except TargetProblem as exc:
+            return Outcome(p.id, Status.UNSUPPORTED, str(exc)), None
+        except Exception as exc:  # noqa: BLE001
+            return Outcome(p.id, Status.UNSUPPORTED, f"target check failed: {exc!r}"), None
+        return Outcome(p.id, Status.APPLIED, _checked_reason(res)), res
+
+    def _check_deferred(self, p: Patch) -> tuple[Outcome, dict[Target, Resolved] | None]:
+        module = p.deferred_until_import or ""
+        try:
+            importlib.import_module(module)  # already imported when called from the hook
+        except Exception as exc:  # noqa: BLE001 - e.g. a CUDA-only dependency missing in this process
+            return Outcome(
+                p.id,
+                Status.NOT_AFFECTED,
+                f"{module} cannot be imported here ({type(exc).__name__}: {exc}); this process cannot run that code, "
+                "so there is nothing to patch",
+            ), None
+        return self._check(p)
 
     def _enforce_groups(self, outcomes: dict[str, Outcome]) -> None:
         for grp in groups(self.patches):
@@ -325,17 +404,17 @@ class PatchManager:
     # -- application -----------------------------------------------------------------------------------------
     def apply(self, config: Config) -> list[Outcome]:
         with self._lock:
-            if self._changes:  # idempotent per process
+            if self._changes or self._pending:  # idempotent per process
                 assert self.outcomes is not None
                 return self.outcomes
-            outcomes, resolved = self.plan(config)
+            outcomes, resolved = self.plan(config, check_deferred=False)
             to_apply = [p for p in self.patches if p.id in resolved]
             try:
                 for p in to_apply:
                     p.config = config
                     self._apply_patch(p, resolved[p.id])
-                self._rebind_module_copies()
-                self._verify()
+                self._rebind_module_copies(self._changes)
+                self._verify(self._changes)
                 self.fingerprints = {
                     t.name: r.fingerprint for res in resolved.values() for t, r in res.items() if r.fingerprint
                 }
@@ -343,10 +422,66 @@ class PatchManager:
                 self.restore()
                 reason = f"application failed and was rolled back: {type(exc).__name__}: {exc}"
                 for o in outcomes:
-                    if o.status is Status.APPLIED:
+                    if o.status in (Status.APPLIED, Status.NOT_LOADED):
                         o.status, o.reason = Status.UNSUPPORTED, reason
             self.outcomes = outcomes
+            self._generation += 1
+            for p in self.patches:
+                if p.deferred_until_import and next(o for o in outcomes if o.id == p.id).status is Status.NOT_LOADED:
+                    self._arm(p, config)
             return outcomes
+
+    # -- deferred patches --------------------------------------------------------------------------------------
+    def _arm(self, patch: Patch, config: Config) -> None:
+        """Apply ``patch`` when its module is imported (now, if it already is). Called under the lock."""
+        module, generation = patch.deferred_until_import or "", self._generation
+
+        def hook(_module: Any) -> None:
+            outcome = self._apply_deferred(patch, config, generation)
+            if outcome is not None and self.on_deferred is not None:
+                self.on_deferred(patch, outcome)  # may raise StrictModeAbort: the import fails, the process stops
+
+        if importhook.is_imported(module):
+            self._apply_deferred(patch, config, generation)  # during apply(): reported with the other outcomes
+            return
+        self._pending[patch.id] = hook
+        importhook.when_imported(module, hook)
+
+    def _apply_deferred(self, patch: Patch, config: Config, generation: int) -> Outcome | None:
+        """Check and apply one deferred patch as its own transaction; updates its Outcome in place (the object in
+        ``self.outcomes``, so the held report line and the cross-rank check see it). None when restored since."""
+        with self._lock:
+            if generation != self._generation or self.outcomes is None:
+                return None
+            self._pending.pop(patch.id, None)
+            outcome = next(o for o in self.outcomes if o.id == patch.id)
+            new, res = self._check_deferred(patch)
+            if res is not None:
+                start = len(self._changes)
+                try:
+                    patch.config = config
+                    self._apply_patch(patch, res)
+                    added = self._changes[start:]
+                    self._rebind_module_copies(added)
+                    self._verify(added)
+                    self.fingerprints.update({t.name: r.fingerprint for t, r in res.items() if r.fingerprint})
+                except Exception as exc:  # noqa: BLE001 - roll this patch back, keep the others
+                    self._undo(start)
+                    why = f"application failed and was rolled back: {type(exc).__name__}: {exc}"
+                    new = Outcome(patch.id, Status.UNSUPPORTED, why)
+            outcome.status, outcome.reason = new.status, new.reason
+            return outcome
+
+    def peer_fingerprints(self) -> dict[str, str]:
+        """What the start-up cross-rank check compares besides statuses: the fingerprints of the patched code, plus
+        a digest of the source of every module a still-pending deferred patch will check when it is imported (so a
+        module imported after the check is still the same code on every rank). Read from disk, no import."""
+        out = dict(self.fingerprints)
+        for p in self.patches:
+            if p.id in self._pending:
+                for module in sorted({t.module for t in p.targets}):
+                    out[f"source of {module}"] = _source_digest(module)
+        return out
 
     def _apply_patch(self, patch: Patch, resolved: dict[Target, Resolved]) -> None:
         new_values = patch.replacements(resolved)
@@ -366,14 +501,12 @@ class PatchManager:
             setattr(res.owner, res.attr, new)
             self._changes.append(change)
 
-    def _rebind_module_copies(self) -> None:
+    def _rebind_module_copies(self, changes: Sequence[_Change]) -> None:
         """Re-point ``from X import Y`` copies of patched module functions in every imported SGLang module.
 
         One pass over ``sys.modules`` for all changes (what SGLang's ``HookRegistry._propagate_patch`` does per hook).
         """
-        by_original = {
-            id(ch.original): ch for ch in self._changes if inspect.ismodule(ch.owner) and ch.original is not None
-        }
+        by_original = {id(ch.original): ch for ch in changes if inspect.ismodule(ch.owner) and ch.original is not None}
         if not by_original:
             return
         for mod in _sglang_modules():
@@ -383,8 +516,8 @@ class PatchManager:
                     setattr(mod, name, ch.new)
                     ch.rebinds.append((mod, name))
 
-    def _verify(self) -> None:
-        for ch in self._changes:
+    def _verify(self, changes: Sequence[_Change]) -> None:
+        for ch in changes:
             live = ch.owner.__dict__.get(ch.attr)
             if live is not ch.new:
                 raise RuntimeError(f"{_describe(ch.owner)}.{ch.attr} is not our wrapper after application")
@@ -398,21 +531,12 @@ class PatchManager:
         An attribute that another hook has since wrapped (e.g. SGLang's ``HookRegistry`` applied after us) is left
         in place rather than clobbering that hook; it is returned (and logged) as not restored.
         """
-        not_restored = []
         with self._lock:
-            while self._changes:
-                ch = self._changes.pop()
-                for mod, name in ch.rebinds:
-                    if mod.__dict__.get(name) is ch.new:
-                        setattr(mod, name, ch.original)
-                live = ch.owner.__dict__.get(ch.attr, _MISSING)
-                if live is not ch.new and not (live is _MISSING and not ch.own):
-                    not_restored.append(f"{_describe(ch.owner)}.{ch.attr}")
-                    continue
-                if ch.own:
-                    setattr(ch.owner, ch.attr, ch.original)
-                elif live is not _MISSING:
-                    delattr(ch.owner, ch.attr)
+            for hook in self._pending.values():
+                importhook.cancel(hook)
+            self._pending.clear()
+            self._generation += 1
+            not_restored = self._undo(0)
             self.outcomes = None
             self.fingerprints = {}
         if not_restored:
@@ -422,6 +546,42 @@ class PatchManager:
                 "sglang-dp-mtp-fix: not restored because another hook wraps them now: %s", ", ".join(not_restored)
             )
         return not_restored
+
+    def _undo(self, start: int) -> list[str]:
+        """Undo ``self._changes[start:]`` in reverse order, by identity; returns what another hook holds now."""
+        not_restored = []
+        while len(self._changes) > start:
+            ch = self._changes.pop()
+            for mod, name in ch.rebinds:
+                if mod.__dict__.get(name) is ch.new:
+                    setattr(mod, name, ch.original)
+            live = ch.owner.__dict__.get(ch.attr, _MISSING)
+            if live is not ch.new and not (live is _MISSING and not ch.own):
+                not_restored.append(f"{_describe(ch.owner)}.{ch.attr}")
+                continue
+            if ch.own:
+                setattr(ch.owner, ch.attr, ch.original)
+            elif live is not _MISSING:
+                delattr(ch.owner, ch.attr)
+        return not_restored
+
+
+def _not_loaded_reason(p: Patch) -> str:
+    return (
+        f"{p.deferred_until_import} is not imported in this process (yet); the patch is checked and applied when it "
+        "is imported"
+    )
+
+
+def _source_digest(module: str) -> str:
+    """sha256 (16 hex) of a module's source file, found without importing the module itself."""
+    try:
+        spec = importlib.util.find_spec(module)
+        origin = getattr(spec, "origin", None) if spec is not None else None
+        with open(origin or "", "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()[:16]
+    except Exception as exc:  # noqa: BLE001 - compared across ranks: an unreadable source is a value too
+        return f"unreadable ({type(exc).__name__})"
 
 
 def _sglang_modules() -> Iterable[Any]:

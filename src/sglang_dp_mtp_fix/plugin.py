@@ -20,7 +20,7 @@ from typing import Any
 
 from sglang_dp_mtp_fix import _version, peers, report
 from sglang_dp_mtp_fix.config import Config, load_config
-from sglang_dp_mtp_fix.core import Outcome, PatchManager, _Change
+from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, _Change
 from sglang_dp_mtp_fix.patches import all_patches
 
 _lock = threading.Lock()
@@ -50,6 +50,7 @@ def register() -> list[Outcome]:
         return manager.outcomes
     config = load_config(manager.ids)
     last_config = config
+    manager.on_deferred = functools.partial(_deferred_outcome, manager, config)
     outcomes = manager.apply(config)
     problem = report.problem_line(outcomes, config)
     file_problem = _write_report_file(outcomes, config)
@@ -64,9 +65,25 @@ def register() -> list[Outcome]:
     _pending = report.PendingLine(functools.partial(report.emit, outcomes, config, level=level))
     if report.logging_configured() or not _pending.install():
         _pending.flush()
-    if manager.applied:  # only a process we patched touches Scheduler (off/stock/unsupported: nothing is hooked)
+    if manager.applied or manager.pending:  # only a process we patch touches Scheduler (off/stock: nothing hooked)
         _after_scheduler_init(manager, outcomes, config, _pending)
     return outcomes
+
+
+def _deferred_outcome(manager: PatchManager, config: Config, patch: Patch, outcome: Outcome) -> None:
+    """A deferred patch was checked when its module was imported (during SGLang's model import, or later). A problem
+    is one WARNING line and that patch stays stock; in strict mode it stops the process: ``StrictModeAbort`` is a
+    ``SystemExit``, which SGLang's model registry (``except Exception``) cannot swallow, so the scheduler process
+    exits and the launch fails."""
+    where = f"when {patch.deferred_until_import} was imported"
+    if outcome.status is Status.UNSUPPORTED:
+        line = f"sglang-dp-mtp-fix: {patch.id} left stock {where}: {outcome.reason}"
+        if config.strict:
+            manager.restore()
+            raise StrictModeAbort(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
+        report.logger.warning(line)
+    else:
+        report.logger.info("sglang-dp-mtp-fix: %s %s %s: %s", patch.id, outcome.status.value, where, outcome.reason)
 
 
 def _write_report_file(outcomes: list[Outcome], config: Config) -> str | None:
@@ -126,7 +143,7 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
     exception out of ``Scheduler.__init__`` brings SGLang's launch down with the message); a store that fails is one
     warning in ``auto`` and an error in ``strict``."""
     try:
-        agreed = peers.check(outcomes, manager.fingerprints, config.peer_timeout_s)
+        agreed = peers.check(outcomes, manager.peer_fingerprints(), config.peer_timeout_s)
     except peers.PeerStateMismatch:
         raise
     except peers.PeerCheckError as exc:

@@ -62,6 +62,8 @@ def problem_line(outcomes: Sequence[Outcome], config: Config) -> str | None:
     bad = [o for o in outcomes if o.status is Status.UNSUPPORTED]
     if bad:
         first = next((o for o in bad if not o.reason.startswith("not applied:")), bad[0])
+        if any(o.status is Status.APPLIED for o in outcomes):  # a deferred patch stood down alone (core docstring)
+            return f"sglang-dp-mtp-fix: {first.id} left stock (the other patches apply as reported): {first.reason}"
         return f"sglang-dp-mtp-fix: SGLang left stock: {first.id}: {first.reason}"
     return None
 

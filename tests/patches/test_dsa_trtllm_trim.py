@@ -306,8 +306,10 @@ def run_kwargs(inputs):
 
 
 def test_unimportable_dsa_backend_stands_this_patch_down_alone():
-    """Where the DSA backend cannot load (its CUDA-only imports are missing), this process cannot run DSA attention:
-    the patch is not-affected and the DP draft vote is still applied (the lent GPU host without deep_gemm hit this)."""
+    """Where the DSA backend cannot load (its CUDA-only imports are missing), this process cannot run DSA attention
+    (the lent GPU host without deep_gemm hit this). Loading the plugin never imports it, so the patch stays
+    not-loaded (its hook never fires: the import fails) and the DP draft vote is applied; doctor, which imports it to
+    say what the hook would decide, reports it not-affected."""
     from conftest import expected_statuses, last_json, run_python
 
     proc = run_python(
@@ -321,15 +323,31 @@ def test_unimportable_dsa_backend_stands_this_patch_down_alone():
 
         sys.meta_path.insert(0, NoDeepGemm())
         from sglang_dp_mtp_fix import plugin
+        from sglang_dp_mtp_fix.config import Config
 
-        print(json.dumps({o.id: [o.status.value, o.reason] for o in plugin.register()}))
+        doctor, _ = plugin.PatchManager(plugin.all_patches()).plan(Config(), import_deferred=True)  # changes nothing
+        loaded = {o.id: [o.status.value, o.reason] for o in plugin.register()}
+        try:
+            import sglang.srt.layers.attention.dsa_backend  # what a DSA model would do: fails, no hook runs
+        except ImportError:
+            pass
+        after = {o.id: o.status.value for o in plugin.get_manager().outcomes}
+        doctor = {o.id: [o.status.value, o.reason] for o in doctor}
+        print(json.dumps({"loaded": loaded, "after": after, "doctor": doctor}))
         """
     )
-    outcomes = last_json(proc.stdout)
-    assert outcomes.pop("dsa_trtllm_trim") == [
+    out = last_json(proc.stdout)
+    assert out["loaded"]["dsa_trtllm_trim"][0] == "not-loaded" and out["after"]["dsa_trtllm_trim"] == "not-loaded"
+    assert out["doctor"].pop("dsa_trtllm_trim") == [
         "not-affected",
         "sglang.srt.layers.attention.dsa_backend cannot be imported here (ModuleNotFoundError: No module named "
-        "'deep_gemm'); this process cannot run DSA attention, so there is nothing to patch",
+        "'deep_gemm'); this process cannot run that code, so there is nothing to patch",
     ]
-    expected = expected_statuses()
-    assert {pid: status for pid, (status, _) in outcomes.items()} == {pid: expected[pid] for pid in outcomes}
+    # The doctor's plan imported dsa_indexer (it loads here), so dsa_idle_index applied at register(); only the
+    # backend whose import fails stays not-loaded.
+    expected = {**expected_statuses(dsa_imported=False), "dsa_idle_index": expected_statuses()["dsa_idle_index"]}
+    assert {pid: status for pid, (status, _) in out["loaded"].items()} == expected
+    assert out["after"] == expected
+    assert {pid: status for pid, (status, _) in out["doctor"].items()} == {
+        pid: status for pid, status in expected_statuses().items() if pid != "dsa_trtllm_trim"
+    }

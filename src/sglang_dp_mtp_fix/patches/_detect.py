@@ -121,20 +121,3 @@ def module_defines(module: str, name: str) -> bool | None:
         isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name
         for node in tree.body
     )
-
-
-def require_dsa_backend_importable(module: str) -> None:
-    """Stand a DSA patch down as not-affected when its module cannot be imported in this process.
-
-    The DSA attention backend imports CUDA-only packages at module level (deep_gemm, flashinfer). Where they are
-    missing, this process cannot run DSA attention at all, so there is nothing to fix; letting the import failure
-    count as a target problem would keep SGLang fully stock and drop the DP draft vote with it.
-    """
-    try:
-        importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - any import failure means "no DSA attention in this process"
-        raise Verdict(
-            Status.NOT_AFFECTED,
-            f"{module} cannot be imported here ({type(exc).__name__}: {exc}); this process cannot run DSA "
-            "attention, so there is nothing to patch",
-        ) from exc

@@ -5,7 +5,10 @@ Why:      Once the DP group agrees to run a step eagerly, idle DP ranks run the 
           empty batches (``forward_batch.seq_lens.numel() == 0``) is not taken: the rank projects and quantizes the
           padded rows, writes them into the index-K cache and enters paged index selection (``_get_topk_paged``)
           with metadata planned for zero real rows (#32209, fourth failure mode; AMD symptom #34455).
-How:      A wrapper around ``Indexer.forward_cuda`` (arguments in, result out): when the module's ``_is_cuda`` is set,
+How:      Applied from a post-import hook when ``dsa_indexer`` is imported (``Patch.deferred_until_import``): loading
+          the plugin never imports the DSA modules; the status is ``not-loaded`` until SGLang imports them (its
+          model registry does in every scheduler that loads a model). A wrapper around ``Indexer.forward_cuda``
+          (arguments in, result out): when the module's ``_is_cuda`` is set,
           the batch is IDLE and ``get_is_capture_mode()`` is False, it returns ``(rows, index_topk)`` int32 rows of
           -1 at the physical (padded) row count of ``x`` — ``None`` when ``return_indices`` is False — passed
           through SGLang's own ``_broadcast_indexer_topk_from_rank0`` and ``maybe_capture_indexer_topk``, as every
@@ -32,7 +35,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Status, Target, TargetProblem, Verdict
-from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict, module_defines, require_dsa_backend_importable
+from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict, module_defines
 from sglang_dp_mtp_fix.report import sglang_version
 
 if TYPE_CHECKING:
@@ -82,6 +85,10 @@ class DsaIdleIndex(Patch):
     summary = "eager DSA indexing on idle DP ranks returns all-invalid top-k rows of the physical shape"
     requires = ()
     targets = (FORWARD_CUDA, BROADCAST, CAPTURE_TOPK, IS_CAPTURE_MODE)
+    # Checked and applied when SGLang imports the indexer (its model registry does, in a scheduler that loads a
+    # model), never imported by the plugin itself; "not-loaded" until then. A module that cannot be imported
+    # (CUDA-only dependencies missing) never runs the hook: this process cannot run DSA indexing.
+    deferred_until_import = DSA_INDEXER
 
     def classify(self) -> None:
         # Read without importing: from 0.5.22 plugins also load in processes where DSA modules must not be imported.
@@ -99,8 +106,9 @@ class DsaIdleIndex(Patch):
                 "#30839, first released in 0.5.15.post1), so no rank-consistent eager draft step sends idle DP ranks "
                 "through eager DSA index selection",
             )
-        require_dsa_backend_importable(DSA_INDEXER)
-        module = importlib.import_module(DSA_INDEXER)
+
+    def check_imported(self) -> None:
+        module = importlib.import_module(DSA_INDEXER)  # imported by now: this runs from the post-import hook
         missing = [name for name in MODULE_NAMES if not hasattr(module, name)]
         if missing:
             raise TargetProblem(f"{DSA_INDEXER} lacks {', '.join(missing)}")

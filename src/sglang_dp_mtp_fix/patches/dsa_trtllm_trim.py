@@ -6,7 +6,9 @@ Why:      Once DP ranks agree to run a step eagerly, the eager DP MLP-sync paddi
           row assertion (non-fused top-k) or hands the TRT-LLM kernel a query batch larger than its ``seq_lens``
           (fused top-k, the PD-decode branch from 0.5.18): an assertion, or an out-of-bounds read on the GPU, on
           one rank while its peers wait in the next MLP/EP collective (#32209, fourth failure mode).
-How:      An around-wrapper on ``DeepseekSparseAttnBackend._forward_trtllm`` (arguments in, output out; the body is
+How:      Applied from a post-import hook when ``dsa_backend`` is imported (``Patch.deferred_until_import``): loading
+          the plugin never imports it (``not-loaded`` until SGLang does). An around-wrapper on
+          ``DeepseekSparseAttnBackend._forward_trtllm`` (arguments in, output out; the body is
           SGLang's, untouched). For a decode call whose query has more rows than the planned metadata it passes the
           first ``real`` rows of the row-aligned inputs (``q``, ``k``, ``v``, ``q_rope``, ``k_rope``,
           ``topk_indices``) and, for the duration of the call, of ``forward_batch.positions`` (FP8 RoPE) and
@@ -28,7 +30,7 @@ import functools
 from typing import Any
 
 from sglang_dp_mtp_fix.core import Patch, Resolved, Status, Target, Verdict
-from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict, module_defines, require_dsa_backend_importable
+from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict, module_defines
 
 DSA_BACKEND = "sglang.srt.layers.attention.dsa_backend"
 FORWARD_TRTLLM = Target(DSA_BACKEND, "DeepseekSparseAttnBackend._forward_trtllm")
@@ -107,6 +109,8 @@ class DsaTrtllmTrim(Patch):
     id = "dsa_trtllm_trim"
     summary = "TRT-LLM DSA decode: trim DP-padded rows to the planned real batch, zero-pad the output back"
     targets = (FORWARD_TRTLLM,)
+    # Checked and applied when SGLang imports dsa_backend (see dsa_idle_index); "not-loaded" until then.
+    deferred_until_import = DSA_BACKEND
 
     def classify(self) -> None:
         if module_defines(DSA_BACKEND, UPSTREAM_TRIM):
@@ -118,7 +122,6 @@ class DsaTrtllmTrim(Patch):
         verdict = dp_draft_vote_verdict()
         if verdict is not None and verdict[0] is Status.NOT_AFFECTED:
             raise Verdict(Status.NOT_AFFECTED, verdict[1])
-        require_dsa_backend_importable(DSA_BACKEND)
 
     def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
         return {FORWARD_TRTLLM: make_forward_trtllm(resolved[FORWARD_TRTLLM].raw)}
