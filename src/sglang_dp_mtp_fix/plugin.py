@@ -19,7 +19,7 @@ from typing import Any
 from sglang_dp_mtp_fix import peers, report
 from sglang_dp_mtp_fix.config import Config, load_config
 from sglang_dp_mtp_fix.core import Outcome, PatchManager, _Change
-from sglang_dp_mtp_fix.patches import all_patches
+from sglang_dp_mtp_fix.patches import _startup_checks, all_patches
 
 _lock = threading.Lock()
 _manager: PatchManager | None = None
@@ -29,6 +29,11 @@ _report_path: str | None = None  # this process's report file, once written
 
 class StrictModeAbort(SystemExit):
     """SGLANG_DP_MTP_FIX=strict and the plugin could not apply: stop the process with a clear message."""
+
+
+class StartupHazard(RuntimeError):
+    """strict: the scheduler runs a configuration the fix cannot keep rank-consistent (raised out of
+    ``Scheduler.__init__``, which brings SGLang's launch down with the message, like ``PeerStateMismatch``)."""
 
 
 def get_manager() -> PatchManager:
@@ -111,6 +116,7 @@ def _after_scheduler_init(manager: PatchManager, outcomes: list[Outcome], config
             if report_pending:
                 report.emit(outcomes, config)
             check_peers(manager, outcomes, config)
+            check_startup_hazards(self, config)
 
     Scheduler.__init__ = __init__  # type: ignore[method-assign]
     manager._changes.append(_Change(Scheduler, "__init__", True, original, __init__))
@@ -128,3 +134,18 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
         if config.strict:
             raise peers.PeerCheckError(f"{exc} [SGLANG_DP_MTP_FIX=strict: stopping]") from exc
         report.logger.warning("%s; start-up continues (auto mode)", exc)
+
+
+def check_startup_hazards(scheduler: Any, config: Config) -> None:
+    """Once per scheduler, at the end of its ``__init__``: a known hazard is one WARNING line in ``auto`` and a stop
+    in ``strict`` (``_startup_checks``)."""
+    try:
+        line = _startup_checks.skip_all_gather_hazard(scheduler)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic must never crash the host
+        line = None
+        report.logger.debug("sglang-dp-mtp-fix: start-up hazard check failed: %r", exc)
+    if line is None:
+        return
+    if config.strict:
+        raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
+    report.logger.warning(line)
