@@ -13,6 +13,7 @@ two attributes a built scheduler has, ``server_args`` and ``draft_worker``) and,
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from types import SimpleNamespace
@@ -31,13 +32,20 @@ DUMMY_MODEL = os.path.join(os.path.dirname(__import__("sglang_dp_mtp_fix.harness
 
 
 def server_args(dp_size: int = 2, speculative: bool = True) -> Any:
+    from sglang.srt.layers.moe import utils as moe_utils
     from sglang.srt.server_args import ServerArgs
 
+    from sglang_dp_mtp_fix.harness.rank import publish_server_args
+
     extra = {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": DUMMY_MODEL} if speculative else {}
-    return ServerArgs(
+    sa = ServerArgs(
         model_path=DUMMY_MODEL, device="cpu", tp_size=dp_size, dp_size=dp_size, enable_dp_attention=dp_size > 1,
         skip_tokenizer_init=True, load_format="dummy", **extra,
     )  # fmt: skip
+    publish_server_args(sa)  # as the scheduler process does before Scheduler.__init__ (the checks read them)
+    init = moe_utils.initialize_moe_config
+    init(sa) if inspect.signature(init).parameters else init()
+    return sa
 
 
 def spec_worker(seeds: bool = True, draft_graph: bool = True) -> Any:

@@ -139,13 +139,14 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
 def check_startup_hazards(scheduler: Any, config: Config) -> None:
     """Once per scheduler, at the end of its ``__init__``: a known hazard is one WARNING line in ``auto`` and a stop
     in ``strict`` (``_startup_checks``)."""
-    try:
-        line = _startup_checks.skip_all_gather_hazard(scheduler)
-    except Exception as exc:  # noqa: BLE001 - a diagnostic must never crash the host
-        line = None
-        report.logger.debug("sglang-dp-mtp-fix: start-up hazard check failed: %r", exc)
-    if line is None:
-        return
-    if config.strict:
-        raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
-    report.logger.warning(line)
+    for check in (_startup_checks.skip_all_gather_hazard, _startup_checks.draft_token_counts_hazard):
+        try:
+            line = check(scheduler)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must never crash the host
+            line = None
+            report.logger.debug("sglang-dp-mtp-fix: start-up check %s failed: %r", check.__name__, exc)
+        if line is None:
+            continue
+        if config.strict:
+            raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
+        report.logger.warning(line)

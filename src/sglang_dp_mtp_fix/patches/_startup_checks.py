@@ -43,3 +43,41 @@ def skip_all_gather_hazard(scheduler: Any) -> str | None:
         f"PD-decode round can split the ranks between draft graph and eager (hang); unset {SKIP_ENV} "
         "(upstream 0.5.21 has the same hole)"
     )
+
+
+def _mlp_tp_gather(server_args: Any) -> bool:
+    """SGLang's own ``require_mlp_tp_gather`` (takes the server args up to 0.5.17, reads the published ones after)."""
+    import inspect
+
+    from sglang.srt.utils.common import require_mlp_tp_gather
+
+    return bool(require_mlp_tp_gather(server_args) if inspect.signature(require_mlp_tp_gather).parameters else
+                require_mlp_tp_gather())  # fmt: skip
+
+
+def draft_token_counts_hazard(scheduler: Any) -> str | None:
+    """The line naming a draft MoE a2a backend whose MLP-gather answer differs from the target's, or None.
+
+    On 0.5.15.post1-0.5.20 the draft CUDA-graph runner decides ``require_mlp_tp_gather`` inside
+    ``speculative_moe_a2a_backend_context()`` (the draft backend), but ``batch.global_num_tokens`` is shaped by the
+    scheduler's answer (the target backend). When they differ, the draft graph's eligibility and bucket come from
+    the wrong per-rank list: with the target not gathering, each rank buckets its own count and ranks split between
+    draft graph and eager (tests/test_draft_token_counts.py). Upstream 0.5.21 carries ``draft_global_num_tokens``.
+    """
+    from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
+
+    server_args = getattr(scheduler, "server_args", None)
+    if getattr(scheduler, "draft_worker", None) is None or not getattr(server_args, "enable_dp_attention", False):
+        return None
+    target = _mlp_tp_gather(server_args)
+    with speculative_moe_a2a_backend_context():
+        draft = _mlp_tp_gather(server_args)
+    if target == draft:
+        return None
+    return (
+        f"sglang-dp-mtp-fix: --speculative-moe-a2a-backend {getattr(server_args, 'speculative_moe_a2a_backend', None)} "
+        f"differs from --moe-a2a-backend {getattr(server_args, 'moe_a2a_backend', None)} in its MLP gather "
+        f"(draft require_mlp_tp_gather={draft}, target {target}): SGLang sizes the draft graph from the target's "
+        "per-rank token counts, so DP ranks can pick different draft graph buckets or paths (hang); use the same "
+        "backend for both (upstream 0.5.21 gives the draft its own counts)"
+    )
