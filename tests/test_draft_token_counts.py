@@ -8,6 +8,10 @@ not gathering (e.g. ``deepep``) and the draft gathering (``none``), the draft ru
 ``max_bs`` replays the draft graph while a peer over it goes eager (and bucket sizes differ between ranks that
 both replay). Upstream 0.5.21 gives the draft its own counts (``draft_global_num_tokens``).
 
+The reverse (target gathers, draft does not, e.g. none/deepep) makes the draft bucket per rank, which is what a
+stock deepep/deepep deployment does by design (its a2a needs no common bucket); it is not shown to split and is not
+named.
+
 Not fixed here (no seam gives the draft its counts without re-deriving ForwardBatch's gathered fields); the plugin
 names the configuration at scheduler start (``_startup_checks.draft_token_counts_hazard``): one WARNING in
 ``auto``, ``StartupHazard`` in ``strict``.
@@ -147,5 +151,6 @@ def test_plugin_names_the_configuration_at_scheduler_start(monkeypatch, caplog):
     monkeypatch.setenv(MODE_ENV, "strict")
     with pytest.raises(plugin.StartupHazard, match="--speculative-moe-a2a-backend none differs"):
         plugin.check_startup_hazards(scheduler, load_config(list(PATCH_IDS)))
-    same = SimpleNamespace(server_args=server_args("none", "none"), draft_worker=object())  # STAND-IN
-    assert draft_token_counts_hazard(same) is None
+    for target, draft in (("none", "none"), ("deepep", "deepep"), ("none", "deepep")):
+        ok = SimpleNamespace(server_args=server_args(target, draft), draft_worker=object())  # STAND-IN
+        assert draft_token_counts_hazard(ok) is None, (target, draft)

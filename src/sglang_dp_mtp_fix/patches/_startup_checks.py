@@ -61,8 +61,9 @@ def draft_token_counts_hazard(scheduler: Any) -> str | None:
     On 0.5.15.post1-0.5.20 the draft CUDA-graph runner decides ``require_mlp_tp_gather`` inside
     ``speculative_moe_a2a_backend_context()`` (the draft backend), but ``batch.global_num_tokens`` is shaped by the
     scheduler's answer (the target backend). When they differ, the draft graph's eligibility and bucket come from
-    the wrong per-rank list: with the target not gathering, each rank buckets its own count and ranks split between
-    draft graph and eager (tests/test_draft_token_counts.py). Upstream 0.5.21 carries ``draft_global_num_tokens``.
+    the wrong per-rank list: with the target not gathering and the draft gathering, each rank buckets its own count
+    while the draft's gathered MoE needs one bucket for all, and ranks split between draft graph and eager
+    (tests/test_draft_token_counts.py). Upstream 0.5.21 carries ``draft_global_num_tokens``.
     """
     from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
 
@@ -72,7 +73,9 @@ def draft_token_counts_hazard(scheduler: Any) -> str | None:
     target = _mlp_tp_gather(server_args)
     with speculative_moe_a2a_backend_context():
         draft = _mlp_tp_gather(server_args)
-    if target == draft:
+    if not draft or target:
+        # Same answer: consistent. Target gathers, draft does not: the draft buckets per rank as a stock
+        # no-gather (a2a) deployment does by design; not shown to split (README, Compatibility).
         return None
     return (
         f"sglang-dp-mtp-fix: --speculative-moe-a2a-backend {getattr(server_args, 'speculative_moe_a2a_backend', None)} "
