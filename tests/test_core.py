@@ -176,3 +176,42 @@ def test_text_fast_path_does_not_accept_a_longer_body(tmp_path):
         spec.loader.exec_module(mod)
         got = fp.fingerprint_object(mod.f, known)
         assert (got == fp.fingerprint_source(src)) is (name == "same")
+
+
+class _OneOfPatch:
+    """A patch (of the core's Patch shape) with one premise that has two optional homes."""
+
+    @staticmethod
+    def make(*targets: Target):
+        from sglang_dp_mtp_fix.core import Patch
+
+        class OneOf(Patch):
+            id = "one_of_probe"
+            summary = "probe"
+
+            def replacements(self, resolved):
+                return {}
+
+        OneOf.targets = targets
+        return OneOf()
+
+
+@affected_only
+def test_one_of_premise_needs_one_present_home():
+    """Alternatives (``one_of``): a present home is checked as usual, an absent one is fine, none present is an error
+    (a vanished premise must not report applied); a module that does not exist is an absent home."""
+    real = next(t for p in all_patches() for t in p.targets if t.one_of == "prepare_for_draft")
+    present = [t for p in all_patches() for t in p.targets if t.one_of == "prepare_for_draft"]
+    label = real.one_of
+    gone_module = Target(
+        "sglang.srt.speculative.no_such_module", "prepare_for_draft", Kind.CHECK, required=False, one_of=label
+    )
+    gone_attr = Target(real.module, "no_such_function", Kind.CHECK, required=False, one_of=label)
+    outcomes, _ = PatchManager([_OneOfPatch.make(*present)]).plan(Config())
+    assert outcomes[0].status is Status.APPLIED, outcomes
+    outcomes, _ = PatchManager([_OneOfPatch.make(gone_module, gone_attr)]).plan(Config())
+    assert outcomes[0].status is Status.UNSUPPORTED, outcomes
+    assert "prepare_for_draft is missing: none of its known homes is present" in outcomes[0].reason
+    # a required target in a module that does not exist stays an import problem
+    outcomes, _ = PatchManager([_OneOfPatch.make(Target(gone_module.module, "f", Kind.CHECK))]).plan(Config())
+    assert outcomes[0].status is Status.UNSUPPORTED and "cannot be imported" in outcomes[0].reason

@@ -13,7 +13,8 @@ Combinations that cannot apply to a target kind are skipped with the reason in t
 
 How a fault is made (SGLang itself is never edited on disk; ``monkeypatch`` undoes every change):
   * missing / renamed: the attribute (ADD targets: the class that would receive the new attribute) is deleted
-    from where it is defined, or moved to ``<name>_renamed``.
+    from where it is defined, or moved to ``<name>_renamed``. An optional target that is one home of a ``one_of``
+    premise is faulted too where it is the present one (none of its homes left: the premise has vanished).
   * signature / drifted: the target's real source, read from the installed release, gets one extra keyword-only
     parameter / one extra trailing ``pass``, and is compiled under a file name inside SGLang's package (so it looks
     like SGLang's own code, as in a fork or a dev build, not like a foreign hook); nothing is copied into the repo.
@@ -59,7 +60,7 @@ def not_applicable(target: Target, fault: str) -> str | None:
         return "target is not fingerprinted (declared so by its patch)"
     if target.kind is Kind.CHECK and fault == "raising":
         return "a CHECK target is never changed during application, so nothing can raise there"
-    if not target.required and fault in ("missing", "renamed"):
+    if not target.required and not target.one_of and fault in ("missing", "renamed"):
         return "optional target: its absence is a supported layout (it exists only in some releases)"
     return None
 
@@ -217,7 +218,12 @@ class _RaisesAt(dict):
 
 def inject(patch_id: str, target: Target, fault: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """Make ``fault`` on ``target``; returns the text the problem report must contain."""
-    site, name = _fault_site(target)
+    try:
+        site, name = _fault_site(target)
+    except ModuleNotFoundError as exc:
+        if target.required or exc.name != target.module:
+            raise
+        pytest.skip(f"{target.module} is absent in SGLang {SGLANG_VERSION}")
     if fault in ("missing", "renamed"):
         if not hasattr(site, name):
             pytest.skip(f"{target.name} is absent in SGLang {SGLANG_VERSION}")

@@ -68,6 +68,9 @@ class Target:
     attr: str | None = None  # ADD: the new attribute's name
     required: bool = True  # False: the target exists only in some releases (absence is fine, drift is not)
     fingerprinted: bool = True
+    # Alternatives: the optional targets of one patch sharing a label are one premise whose home differs by release
+    # (e.g. moved to another module); at least one of them must be present, else the premise has vanished.
+    one_of: str = ""
 
     @property
     def name(self) -> str:
@@ -145,9 +148,17 @@ class _Change:
     rebinds: list[tuple[Any, str]] = field(default_factory=list)  # (module, name) copies we re-pointed
 
 
+class _AbsentModule(Exception):
+    """An optional target's module does not exist in this release (absence, not breakage)."""
+
+
 def _import_owner(target: Target) -> tuple[Any, str]:
     try:
         obj: Any = importlib.import_module(target.module)
+    except ModuleNotFoundError as exc:
+        if not target.required and exc.name == target.module:
+            raise _AbsentModule(target.module) from exc
+        raise TargetProblem(f"{target.module} cannot be imported ({type(exc).__name__}: {exc})") from exc
     except Exception as exc:  # noqa: BLE001 - any import failure means "not the code we know"
         raise TargetProblem(f"{target.module} cannot be imported ({type(exc).__name__}: {exc})") from exc
     parts = target.qualname.split(".")
@@ -162,7 +173,10 @@ def _import_owner(target: Target) -> tuple[Any, str]:
 
 def resolve(target: Target) -> Resolved | None:
     """Resolve and check one target. Returns None for an absent optional target; raises TargetProblem."""
-    owner, attr = _import_owner(target)
+    try:
+        owner, attr = _import_owner(target)
+    except _AbsentModule:
+        return None
     own = attr in getattr(owner, "__dict__", {})
     if target.kind is Kind.ADD:
         if not inspect.isclass(owner):
@@ -197,7 +211,13 @@ def _foreign_hook(live: Any) -> bool:
     sglang_root = sys.modules["sglang"].__file__ or ""
     root = sglang_root.rsplit("/", 1)[0] + "/"
     filename = code.co_filename
+    if filename.endswith(_STOCK_DECORATOR_FILES) and getattr(live, "__wrapped__", None) is not None:
+        return _foreign_hook(live.__wrapped__)  # SGLang's own ``@torch.inference_mode()``: judge what it wraps
     return not filename.startswith(root) or filename.endswith("plugins/hook_registry.py")
+
+
+# Decorators SGLang itself puts on methods whose wrapper code lives outside SGLang (torch.inference_mode/no_grad).
+_STOCK_DECORATOR_FILES = ("torch/utils/_contextlib.py",)
 
 
 def _describe(obj: Any) -> str:
@@ -221,6 +241,18 @@ def _check_fingerprint(target: Target, raw: Any) -> tuple[str, tuple[str, ...]]:
             f"known for {AFFECTED_RELEASES[0]}..{AFFECTED_RELEASES[-1]}"
         )
     return got, tuple(seen_in)
+
+
+def _check_alternatives(targets: Sequence[Target], res: dict[Target, Resolved]) -> None:
+    """Each ``one_of`` set must have at least one present member: a premise that vanished is not "optional"."""
+    labels: dict[str, list[Target]] = {}
+    for t in targets:
+        if t.one_of:
+            labels.setdefault(t.one_of, []).append(t)
+    for label, alternatives in labels.items():
+        if not any(t in res for t in alternatives):
+            names = " / ".join(t.name for t in alternatives)
+            raise TargetProblem(f"{label} is missing: none of its known homes is present ({names})")
 
 
 def _checked_reason(res: dict[Target, Resolved]) -> str:
@@ -366,6 +398,7 @@ class PatchManager:
                 r = resolve(t)
                 if r is not None:
                     res[t] = r
+            _check_alternatives(p.targets, res)
         except Verdict as v:
             return Outcome(p.id, v.status, v.reason), None
         except TargetProblem as exc:

@@ -72,7 +72,8 @@ class _HookedLoader(importlib.abc.Loader):
         return getattr(self._loader, attr)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
+        module: ModuleType | None = self._loader.create_module(spec)
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
@@ -92,7 +93,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
             if finder is self or isinstance(finder, _PostImportFinder):
                 continue
             find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
                     spec.loader = _HookedLoader(spec.loader, fullname)

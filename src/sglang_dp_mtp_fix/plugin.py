@@ -21,7 +21,7 @@ from typing import Any
 from sglang_dp_mtp_fix import _version, peers, report
 from sglang_dp_mtp_fix.config import Config, load_config
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, _Change
-from sglang_dp_mtp_fix.patches import all_patches
+from sglang_dp_mtp_fix.patches import _startup_checks, all_patches
 
 _lock = threading.Lock()
 _manager: PatchManager | None = None
@@ -32,6 +32,11 @@ _pending: report.PendingLine | None = None  # the report line, until SGLang conf
 
 class StrictModeAbort(SystemExit):
     """SGLANG_DP_MTP_FIX=strict and the plugin could not apply: stop the process with a clear message."""
+
+
+class StartupHazard(RuntimeError):
+    """strict: the scheduler runs a configuration the fix cannot keep rank-consistent (raised out of
+    ``Scheduler.__init__``, which brings SGLang's launch down with the message, like ``PeerStateMismatch``)."""
 
 
 def get_manager() -> PatchManager:
@@ -133,6 +138,7 @@ def _after_scheduler_init(
             pending.clear()
             line.flush()
             check_peers(manager, outcomes, config)
+            check_startup_hazards(self, config)
 
     Scheduler.__init__ = __init__
     manager._changes.append(_Change(Scheduler, "__init__", True, original, __init__))
@@ -157,5 +163,21 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
         report.logger.info(
             "sglang-dp-mtp-fix: cross-rank patch-state check passed on rank %d: %d ranks agree "
             "(plugin %s, %d of %d patches applied, %d fingerprints)",
-            rank, world, _version.__version__, applied, len(outcomes), len(manager.fingerprints),
+            rank, world, _version.__version__, applied, len(outcomes), len(manager.peer_fingerprints()),
         )  # fmt: skip
+
+
+def check_startup_hazards(scheduler: Any, config: Config) -> None:
+    """Once per scheduler, at the end of its ``__init__``: a known hazard is one WARNING line in ``auto`` and a stop
+    in ``strict`` (``_startup_checks``)."""
+    for check in (_startup_checks.skip_all_gather_hazard, _startup_checks.draft_token_counts_hazard):
+        try:
+            line = check(scheduler)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must never crash the host
+            line = None
+            report.logger.debug("sglang-dp-mtp-fix: start-up check %s failed: %r", check.__name__, exc)
+        if line is None:
+            continue
+        if config.strict:
+            raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
+        report.logger.warning(line)

@@ -22,6 +22,9 @@ How:      No additional collective, and no change to the gathered tensor's shape
             * ``EAGLEDraftCudaGraphRunner.can_run_graph``: False when the runner needs MLP sync and the vote is no.
           Class defaults ``can_run_dp_draft_cuda_graph = True`` keep graphs for batches that never synced.
           Target-verify and draft-extend graph decisions are untouched.
+          Premises, fingerprinted as CHECK targets: ``Scheduler.run_batch`` hands the ScheduleBatch itself to the
+          worker; ``prepare_for_draft`` (``base_spec_worker`` in 0.5.15.post1, ``eagle_worker_common`` from 0.5.16)
+          builds the draft ForwardBatch with ``ForwardBatch.init_new(batch)`` and calls ``can_run_graph`` on it.
 Releases: 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (column ``can_run_draft_cuda_graph``, upstream #32196).
 Removable when: the oldest supported release carries upstream #32196 (0.5.21), or #32209 lands.
 """
@@ -41,6 +44,9 @@ DP_ATTN = "sglang.srt.managers.scheduler_components.dp_attn"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
 DRAFT_RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner"
+BASE_SPEC = "sglang.srt.speculative.base_spec_worker"
+EAGLE_COMMON = "sglang.srt.speculative.eagle_worker_common"
+SCHEDULER = "sglang.srt.managers.scheduler"
 
 VOTE_ATTR = "can_run_dp_draft_cuda_graph"
 FORCE_EAGER_ATTR = "force_disable_draft_cuda_graph"
@@ -61,6 +67,15 @@ UPDATE_BATCH = Target(DP_ATTN, "_update_gather_batch")
 FORWARD_INIT = Target(FORWARD_BATCH, "ForwardBatch.init_new")
 RUNNER_GATE = Target(DRAFT_RUNNER, "EAGLEDraftCudaGraphRunner.can_run_graph")
 SB_DEFAULT = Target(SCHEDULE_BATCH, "ScheduleBatch", Kind.ADD, attr=VOTE_ATTR, fingerprinted=False)
+# Premises (fingerprinted, never changed): the vote reaches the runner only because run_batch hands the ScheduleBatch
+# itself to the worker, and prepare_for_draft builds the draft ForwardBatch with ForwardBatch.init_new(batch) and
+# asks can_run_graph on that same object. prepare_for_draft lives in base_spec_worker in 0.5.15.post1 and in
+# eagle_worker_common from 0.5.16: one premise, two homes, at least one must be present.
+PREPARE_DRAFT_BASE = Target(
+    BASE_SPEC, "EagleDraftWorkerBase.prepare_for_draft", Kind.CHECK, required=False, one_of="prepare_for_draft"
+)
+PREPARE_DRAFT_COMMON = Target(EAGLE_COMMON, "prepare_for_draft", Kind.CHECK, required=False, one_of="prepare_for_draft")
+RUN_BATCH = Target(SCHEDULER, "Scheduler.run_batch", Kind.CHECK)
 FB_DEFAULT = Target(FORWARD_BATCH, "ForwardBatch", Kind.ADD, attr=VOTE_ATTR, fingerprinted=False)
 
 
@@ -124,6 +139,9 @@ class DraftGraphVote(Patch):
         RUNNER_GATE,
         SB_DEFAULT,
         FB_DEFAULT,
+        PREPARE_DRAFT_BASE,
+        PREPARE_DRAFT_COMMON,
+        RUN_BATCH,
     )
 
     def classify(self) -> None:

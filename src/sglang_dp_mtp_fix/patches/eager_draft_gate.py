@@ -11,6 +11,10 @@ How:      Adds ``BaseSpecWorker.requires_dp_attention_eager_forward(batch) -> Fa
           worker in a context variable; a wrapper on ``SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch`` then
           sets ``batch.force_disable_draft_cuda_graph`` immediately before the sync — the PR's placement, reached
           from a seam instead of a copied function body. ``draft()`` itself is unchanged: its local guard stays.
+          Premises, fingerprinted as CHECK targets: ``build_eagle_disagg_draft_input`` builds the seedless PD
+          arrival; ``EagleDraftWorker._draft_extend_for_prefill`` / ``_draft_extend_for_decode`` always set the
+          seed, so co-located decode never produces a seedless non-idle draft input and needs no marking
+          (pinned on real code by tests/test_premises.py).
 Releases: 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (``EagleDraftInput.cuda_graph_compatible``).
 Removable when: the oldest supported release carries upstream #32196 (0.5.21), or #32209 lands.
 """
@@ -30,6 +34,7 @@ EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2"
 DECODE = "sglang.srt.disaggregation.decode"
 DP_ATTN = "sglang.srt.managers.scheduler_components.dp_attn"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
+EAGLE_DISAGG = "sglang.srt.speculative.eagle_disaggregation"
 
 HOOK_NAME = "requires_dp_attention_eager_forward"
 FLAG = "force_disable_draft_cuda_graph"
@@ -40,6 +45,11 @@ BATCH_FLAG_DEFAULT = Target(SCHEDULE_BATCH, "ScheduleBatch", Kind.ADD, attr=FLAG
 DRAFT_GUARD = Target(EAGLE_V2, "EagleDraftWorker.draft", Kind.CHECK)
 DECODE_ROUND = Target(DECODE, "SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run")
 SYNC_ENTRY = Target(DP_ATTN, "SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch")
+# Premises (fingerprinted, never changed): the seedless PD arrival is built here, and outside PD decode the
+# draft-extend paths always set the seed, which is why only PD-decode rounds need marking.
+DISAGG_ARRIVAL = Target(EAGLE_DISAGG, "build_eagle_disagg_draft_input", Kind.CHECK)
+EXTEND_FOR_PREFILL = Target(EAGLE_V2, "EagleDraftWorker._draft_extend_for_prefill", Kind.CHECK)
+EXTEND_FOR_DECODE = Target(EAGLE_V2, "EagleDraftWorker._draft_extend_for_decode", Kind.CHECK)
 
 # The spec worker of the scheduler whose PD-decode round is being scheduled; _OUTSIDE elsewhere.
 _OUTSIDE = object()
@@ -79,7 +89,17 @@ class EagerDraftGate(Patch):
     id = "eager_draft_gate"
     summary = "worker hook requires_dp_attention_eager_forward + PD-decode marking before the DP MLP sync"
     requires = ("future_seed_authority", "draft_graph_vote")
-    targets = (BASE_HOOK, EAGLE_HOOK, BATCH_FLAG_DEFAULT, DRAFT_GUARD, DECODE_ROUND, SYNC_ENTRY)
+    targets = (
+        BASE_HOOK,
+        EAGLE_HOOK,
+        BATCH_FLAG_DEFAULT,
+        DRAFT_GUARD,
+        DECODE_ROUND,
+        SYNC_ENTRY,
+        DISAGG_ARRIVAL,
+        EXTEND_FOR_PREFILL,
+        EXTEND_FOR_DECODE,
+    )
 
     def classify(self) -> None:
         classify_group()

@@ -7,7 +7,10 @@ Why:      With overlap scheduling a seeded running batch can merge a seedless pr
           "graph" on a rank that then runs eager: the very hang this plugin removes. (#32209, second failure mode.)
 How:      Adds ``EagleDraftInput.has_dsa_topk_seed()``: when ``future_indices`` is set the flag is authoritative,
           otherwise ``dsa_topk_indices is not None``. ``eager_draft_gate``'s predicate calls it. The stock code that
-          makes this the right rule (``merge_batch``'s AND, ``FutureMap._resolve_spec_extras``) is fingerprinted.
+          makes this the right rule (``merge_batch``'s AND, ``FutureMap._resolve_spec_extras``) is fingerprinted,
+          and so are ``ScheduleBatch.merge_batch`` and its call sites (``Scheduler.get_next_batch_to_run``,
+          ``Scheduler.pause_generation``, ``SchedulerMultiplexMixin.event_loop_pdmux``; the PD-decode one is
+          eager_draft_gate's wrapped round), which replace an empty receiver instead of merging into it.
 Releases: 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (``cuda_graph_compatible`` is ANDed in both merge branches).
 Removable when: the oldest supported release carries upstream #32196 (0.5.21), or #32209 lands.
 """
@@ -21,10 +24,20 @@ from sglang_dp_mtp_fix.patches._detect import classify_group
 
 EAGLE_INFO = "sglang.srt.speculative.eagle_info"
 OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
+SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
+SCHEDULER = "sglang.srt.managers.scheduler"
+MULTIPLEX = "sglang.srt.multiplex.multiplexing_mixin"
 
 HAS_SEED = Target(EAGLE_INFO, "EagleDraftInput", Kind.ADD, attr="has_dsa_topk_seed", fingerprinted=False)
 MERGE_BATCH = Target(EAGLE_INFO, "EagleDraftInput.merge_batch", Kind.CHECK)
 RESOLVE_EXTRAS = Target(OVERLAP_UTILS, "FutureMap._resolve_spec_extras", Kind.CHECK)
+# Premises (fingerprinted, never changed): ScheduleBatch.merge_batch is only reached with a non-empty receiver,
+# because every call site replaces an empty running batch instead of merging into it (the PD-decode call site,
+# get_next_disagg_decode_batch_to_run, is eager_draft_gate's wrapped DECODE_ROUND and fingerprinted there).
+SB_MERGE = Target(SCHEDULE_BATCH, "ScheduleBatch.merge_batch", Kind.CHECK)
+MERGE_SITE_NEXT_BATCH = Target(SCHEDULER, "Scheduler.get_next_batch_to_run", Kind.CHECK)
+MERGE_SITE_PAUSE = Target(SCHEDULER, "Scheduler.pause_generation", Kind.CHECK)
+MERGE_SITE_PDMUX = Target(MULTIPLEX, "SchedulerMultiplexMixin.event_loop_pdmux", Kind.CHECK)
 
 
 def draft_seed_present(spec_info: Any) -> bool:
@@ -43,7 +56,15 @@ class FutureSeedAuthority(Patch):
     id = "future_seed_authority"
     summary = "overlap: future_dsa_topk_indices_available is authoritative whenever future_indices is set"
     requires = ("eager_draft_gate",)
-    targets = (HAS_SEED, MERGE_BATCH, RESOLVE_EXTRAS)
+    targets = (
+        HAS_SEED,
+        MERGE_BATCH,
+        RESOLVE_EXTRAS,
+        SB_MERGE,
+        MERGE_SITE_NEXT_BATCH,
+        MERGE_SITE_PAUSE,
+        MERGE_SITE_PDMUX,
+    )
 
     def classify(self) -> None:
         classify_group()
