@@ -132,7 +132,7 @@ def test_checked_once_at_the_end_of_the_first_scheduler_init(monkeypatch, caplog
     """The plugin's real ``Scheduler.__init__`` wrapper runs the check after the original, once per process."""
     from sglang.srt.managers.scheduler import Scheduler
 
-    from sglang_dp_mtp_fix import plugin
+    from sglang_dp_mtp_fix import plugin, report
     from sglang_dp_mtp_fix.core import PatchManager
 
     monkeypatch.setenv(SKIP_ENV, "1")
@@ -146,7 +146,7 @@ def test_checked_once_at_the_end_of_the_first_scheduler_init(monkeypatch, caplog
     monkeypatch.setattr(plugin, "check_peers", lambda *a: None)  # STAND-IN: no launch to compare with
     manager = PatchManager([])
     config = load_config(list(PATCH_IDS))
-    plugin._after_scheduler_init(manager, [], config, report_pending=False)
+    plugin._after_scheduler_init(manager, [], config, report.PendingLine(lambda: None))  # no held report line
     try:
         with caplog.at_level(logging.INFO, logger="sglang_dp_mtp_fix"):
             for _ in range(2):
