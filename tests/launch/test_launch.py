@@ -9,11 +9,28 @@ from __future__ import annotations
 import re
 
 import pytest
-from launchlib import AFFECTED, FULL, NEW_TOKENS, PROMPTS, SGLANG_VERSION, STAND_DOWN, base_env, serve
-
-pytestmark = pytest.mark.skipif(
-    SGLANG_VERSION not in AFFECTED + STAND_DOWN, reason=f"no launch scenario on SGLang {SGLANG_VERSION}"
+from launchlib import (
+    AFFECTED,
+    FULL,
+    LAUNCHES_HERE,
+    NEW_TOKENS,
+    NOT_YET,
+    PROMPTS,
+    SGLANG_VERSION,
+    STAND_DOWN,
+    base_env,
+    serve,
 )
+
+pytestmark = [
+    pytest.mark.skipif(
+        SGLANG_VERSION not in LAUNCHES_HERE,
+        reason=f"SGLang {SGLANG_VERSION} does not launch on CPU here yet: {NOT_YET.get(SGLANG_VERSION, 'not tried')}",
+    ),
+    pytest.mark.skipif(
+        SGLANG_VERSION not in AFFECTED + STAND_DOWN, reason=f"no launch scenario on SGLang {SGLANG_VERSION}"
+    ),
+]
 full_only = pytest.mark.skipif(SGLANG_VERSION not in FULL, reason="b and e run on 0.5.15.post1, 0.5.17, 0.5.20")
 affected_only = pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason="the plugin stands down here (f)")
 stand_down_only = pytest.mark.skipif(SGLANG_VERSION not in STAND_DOWN, reason="f runs on 0.5.23 and 0.5.15")
