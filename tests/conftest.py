@@ -163,6 +163,10 @@ def rank_pool():
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Count and list the fault-injection cases (tests/test_faults.py), so every run shows what was covered."""
+    launch_fixtures = sys.modules.get("launch_fixtures")  # the launch tier's wall times (tests/launch)
+    line = launch_fixtures.timings_line() if launch_fixtures is not None else None
+    if line:
+        terminalreporter.write_line(line)
     stats = terminalreporter.stats
     in_faults = [r for k in ("passed", "failed", "skipped") for r in stats.get(k, []) if "test_faults.py" in r.nodeid]
     if not in_faults:

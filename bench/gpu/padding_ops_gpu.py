@@ -252,9 +252,18 @@ def main() -> int:
     from sglang_dp_mtp_fix.harness.rank import publish_server_args
 
     publish_server_args(ServerArgs(model_path=str(DUMMY_MODEL), device=device.type, skip_tokenizer_init=True))
-    statuses = {o.id: o.status.value for o in plugin.register()}
+    at_load = {o.id: o.status.value for o in plugin.register()}
+    # The DSA patches apply when their modules are imported (a DSA model's load does it): import them the same way.
+    import_errors = {}
+    for module in ("sglang.srt.layers.attention.dsa_backend", "sglang.srt.layers.attention.dsa.dsa_indexer"):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - reported: a DSA module that cannot load on this host
+            import_errors[module] = f"{type(exc).__name__}: {exc}"[:300]
+    statuses = {o.id: o.status.value for o in plugin.get_manager().outcomes or []}
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    report("plugin", statuses=statuses, torch=torch.__version__, gpu=gpu)
+    report("plugin", statuses_at_load=at_load, statuses_after_dsa_import=statuses, dsa_import_errors=import_errors,
+           torch=torch.__version__, gpu=gpu)  # fmt: skip
     install_kernel_standins()
     failed = 0
     for name, check in CHECKS.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from launch_fixtures import gaps_path, launch_timings, launch_tmp  # noqa: F401 - fixtures
 from launchlib import (
     AFFECTED,
     FULL,

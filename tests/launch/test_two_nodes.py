@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from launch_fixtures import gaps_path, launch_timings, launch_tmp  # noqa: F401 - fixtures
 from launchlib import (
     FULL,
     LAUNCHES_HERE,

@@ -1,4 +1,8 @@
-"""Fixtures of the launch tier (helpers and the why: ``launchlib``); launches are shared by a module's scenarios."""
+"""Fixtures of the launch tier (helpers and the why: ``launchlib``); launches are shared by a module's scenarios.
+
+Not a ``conftest.py``: the suite imports its root ``conftest`` by module name (``from conftest import ...``), and a
+second ``conftest.py`` under ``tests/launch`` would take that name for every module collected after it. The test
+modules import these fixtures; the root conftest prints the timings."""
 
 from __future__ import annotations
 
@@ -32,12 +36,11 @@ def launch_timings():
         _TIMINGS.update(timings)
 
 
-_TIMINGS: dict[str, float] = {}
+_TIMINGS: dict[str, float] = {}  # read by the root conftest's terminal summary
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
-    if _TIMINGS:  # the lead reports the launch tier's wall time per release from this line
-        terminalreporter.write_line(f"launch tier timings on SGLang {SGLANG_VERSION} (s): {json.dumps(_TIMINGS)}")
+def timings_line() -> str | None:
+    return f"launch tier timings on SGLang {SGLANG_VERSION} (s): {json.dumps(_TIMINGS)}" if _TIMINGS else None
 
 
 @pytest.fixture(scope="session")
