@@ -183,6 +183,7 @@ class Server:
             self.proc.send_signal(signal.SIGTERM)
             self.wait_exit(15)
         for _ in range(120):  # killed children stay in the group until init reaps them (slow on a loaded host)
+            self.proc.poll()  # reap the launcher itself: as a zombie of ours it would keep the group "alive"
             if not self.group_alive():
                 break
             try:

@@ -29,6 +29,7 @@ pytestmark = [
 ]
 
 PEER_TIMEOUT_S = 5
+NODE_PORTS = 100  # ports SGLang may derive above one node's --port
 STOP_WITHIN_S = 240  # start-up (model load on 2 busy cores) + the peer timeout + SGLang's own tear-down
 MISMATCH = "PeerStateMismatch: sglang-dp-mtp-fix: patch state differs across the 2 ranks of this launch; stopping"
 
@@ -40,8 +41,11 @@ class TwoNodes:
         env0 = base_env(gaps, SGLANG_CPU_OMP_THREADS_BIND="0", SGLANG_DP_MTP_FIX_PEER_TIMEOUT=str(PEER_TIMEOUT_S))
         env1 = {**env0, "SGLANG_CPU_OMP_THREADS_BIND": "1", **node1_extra}
         self.started = time.monotonic()
-        self.node0 = start_server(f"{name}-node0", tmp, env0, [*common, "--node-rank", "0"], port=free_port_block())
-        self.node1 = start_server(f"{name}-node1", tmp, env1, [*common, "--node-rank", "1"], port=free_port_block())
+        # One free block for both nodes, split in two: two blocks probed one after the other can overlap, because
+        # node 0 binds its ports only later (seen once: node 1's port_base "used by a process already": node 0).
+        base = free_port_block(width=2 * NODE_PORTS)
+        self.node0 = start_server(f"{name}-node0", tmp, env0, [*common, "--node-rank", "0"], port=base)
+        self.node1 = start_server(f"{name}-node1", tmp, env1, [*common, "--node-rank", "1"], port=base + NODE_PORTS)
 
     def stop(self) -> None:
         for node in (self.node0, self.node1):
