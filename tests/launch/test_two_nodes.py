@@ -5,6 +5,7 @@ per-rank setting needs two nodes). One scheduler rank per node; a short SGLANG_D
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from launch_fixtures import gaps_path, launch_timings, launch_tmp  # noqa: F401 - fixtures
@@ -29,9 +30,22 @@ pytestmark = [
 ]
 
 PEER_TIMEOUT_S = 5
-NODE_PORTS = 100  # ports SGLang may derive above one node's --port
+NODE1_UP = "sglang::data_parallel_controller"  # node 1's launcher spawns it only after its port checks
+NODE1_UP_WITHIN_S = 180
 STOP_WITHIN_S = 240  # start-up (model load on 2 busy cores) + the peer timeout + SGLang's own tear-down
 MISMATCH = "PeerStateMismatch: sglang-dp-mtp-fix: patch state differs across the 2 ranks of this launch; stopping"
+
+
+def _spawned(pgid: int, title: str) -> bool:
+    """Does a process titled ``title`` run in process group ``pgid`` (a launch's own group)?"""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and title in (stat.parent / "cmdline").read_bytes().decode(errors="replace"):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
 
 
 class TwoNodes:
@@ -41,11 +55,15 @@ class TwoNodes:
         env0 = base_env(gaps, SGLANG_CPU_OMP_THREADS_BIND="0", SGLANG_DP_MTP_FIX_PEER_TIMEOUT=str(PEER_TIMEOUT_S))
         env1 = {**env0, "SGLANG_CPU_OMP_THREADS_BIND": "1", **node1_extra}
         self.started = time.monotonic()
-        # One free block for both nodes, split in two: two blocks probed one after the other can overlap, because
-        # node 0 binds its ports only later (seen once: node 1's port_base "used by a process already": node 0).
-        base = free_port_block(width=2 * NODE_PORTS)
-        self.node0 = start_server(f"{name}-node0", tmp, env0, [*common, "--node-rank", "0"], port=base)
-        self.node1 = start_server(f"{name}-node1", tmp, env1, [*common, "--node-rank", "1"], port=base + NODE_PORTS)
+        # Node 1 first, node 0 once node 1's scheduler is up. Two SGLang "nodes" on one host derive the same port_base
+        # from the shared --dist-init-addr (dist_init_port + 1); a non-zero node only checks it is free, node 0 also
+        # binds it. Started together, node 1's check could meet node 0's bind (seen: "port_base at ... is used by a
+        # process already") and node 1 died, so node 0 waited for it forever or the mismatch read as a missing rank.
+        self.node1 = start_server(f"{name}-node1", tmp, env1, [*common, "--node-rank", "1"], port=free_port_block())
+        deadline = time.monotonic() + NODE1_UP_WITHIN_S
+        while not _spawned(self.node1.proc.pid, NODE1_UP) and self.node1.alive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.node0 = start_server(f"{name}-node0", tmp, env0, [*common, "--node-rank", "0"], port=free_port_block())
 
     def stop(self) -> None:
         for node in (self.node0, self.node1):
