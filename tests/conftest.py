@@ -120,6 +120,13 @@ def run_python(
     return _run_forked(textwrap.dedent(code), full_env, cwd, timeout)
 
 
+def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The console script's ``main(args)`` in a pristine forked process, with every ``SGLANG_*`` variable of this
+    process dropped (as an operator's clean shell would have them): the same code path as the installed script."""
+    code = f"import sys\nfrom sglang_dp_mtp_fix.cli import main\nsys.exit(main({list(args)!r}))\n"
+    return run_python(code, env, timeout=timeout, drop_prefixes=("SGLANG_", "DP_MTP_FIX_TEST"))
+
+
 def _run_forked(code: str, env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
     import tempfile
 
@@ -196,8 +203,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     out = os.environ.get("DP_MTP_FIX_TEST_DOCTOR_OUT")
     if not out or SGLANG_VERSION is None:
         return
-    code = "import sys\nfrom sglang_dp_mtp_fix.cli import main\nsys.exit(main(['doctor', '--json']))\n"
-    proc = run_python(code, drop_prefixes=("SGLANG_", "DP_MTP_FIX_TEST"))
+    proc = run_cli(["doctor", "--json"])
     if proc.returncode in (0, 1) and proc.stdout.lstrip().startswith("{"):
         with open(out, "w") as f:
             f.write(proc.stdout)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SGLANG_VERSION, expected_status, expected_statuses, requires_sglang, run_python
+from conftest import SGLANG_VERSION, expected_status, expected_statuses, requires_sglang, run_cli
 
 pytestmark = requires_sglang
 
@@ -24,8 +24,7 @@ def doctor_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def doctor(*args: str, **env: str) -> subprocess.CompletedProcess:
     """The console script's ``main`` in a pristine forked process (same code path, without a fresh SGLang import)."""
-    code = f"import sys\nfrom sglang_dp_mtp_fix.cli import main\nsys.exit(main({['doctor', *args]!r}))\n"
-    return run_python(code, env, drop_prefixes=("SGLANG_",))
+    return run_cli(["doctor", *args], env)
 
 
 def test_json_shape_and_statuses():

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SGLANG_VERSION, expected_status, requires_sglang, run_python
+from conftest import SGLANG_VERSION, expected_status, requires_sglang, run_cli
 
 from sglang_dp_mtp_fix.harness.pool import START_ENV
 
@@ -20,8 +20,7 @@ def simulate(*args: str) -> dict:
     """``simulate --json`` through the CLI's ``main`` in a pristine forked child whose ranks are forked from it
     (``SGLANG_DP_MTP_FIX_HARNESS_START=fork``: no SGLang import per run; ``test_bad_trace_is_a_clear_error`` runs the
     installed console script)."""
-    code = f"import sys\nfrom sglang_dp_mtp_fix.cli import main\nsys.exit(main({['simulate', '--json', *args]!r}))\n"
-    proc = run_python(code, {START_ENV: "fork"}, timeout=900, drop_prefixes=("SGLANG_",))
+    proc = run_cli(["simulate", "--json", *args], {START_ENV: "fork"}, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
