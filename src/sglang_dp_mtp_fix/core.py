@@ -155,11 +155,9 @@ class _AbsentModule(Exception):
 def _import_owner(target: Target) -> tuple[Any, str]:
     try:
         obj: Any = importlib.import_module(target.module)
-    except ModuleNotFoundError as exc:
-        if not target.required and exc.name == target.module:
-            raise _AbsentModule(target.module) from exc
-        raise TargetProblem(f"{target.module} cannot be imported ({type(exc).__name__}: {exc})") from exc
     except Exception as exc:  # noqa: BLE001 - any import failure means "not the code we know"
+        if isinstance(exc, ModuleNotFoundError) and not target.required and exc.name == target.module:
+            raise _AbsentModule(target.module) from exc
         raise TargetProblem(f"{target.module} cannot be imported ({type(exc).__name__}: {exc})") from exc
     parts = target.qualname.split(".")
     if target.kind is Kind.ADD:
