@@ -13,6 +13,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CACHE_DIR=${PIP_CACHE_DIR:-$HOME/.cac
 quiet() { grep -vE 'is ignored|requires|resolver|incompatible|^\s*$' || true; }
 # torchvision CPU stand-in (tests/cpu_stubs/torchvision explains why); a .pth so spawned ranks see it too
 stubs() { echo "$ROOT/tests/cpu_stubs" > "$("$E/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_sglang_dp_mtp_fix_cpu_stubs.pth"; }
+# Venvs of an older recipe are never used again: remove them (2.5 GB each; a CI run on this machine once failed
+# with a full disk because a recipe bump had left a whole older set behind).
+for stale in "$VENV_ROOT"/sglang-*-r[0-9]*; do
+  [[ -d $stale && ${stale##*-} != "$RECIPE_ID" ]] && { echo "removing a venv of an older recipe: $stale" >&2; rm -rf "$stale"; }
+done
 if [[ ! -f "$E/.complete" ]]; then
   rm -rf "$E"; mkdir -p "$VENV_ROOT"
   python3 -m venv "$E"

@@ -16,6 +16,21 @@ run_t0=$(date +%s)
 failed=()
 timings=()
 
+# Free space first: each release's venv takes ~2.6 GB. A full disk otherwise shows up as an ensurepip error in the
+# middle of the run (seen once), with the releases before it green.
+VENV_ROOT=${SGLANG_DP_MTP_FIX_VENVS:-$HOME/.cache/sglang-dp-mtp-fix/venvs}
+mkdir -p "$VENV_ROOT"
+RECIPE_ID=$(sed -n 's/^RECIPE_ID=\(r[0-9]*\).*/\1/p' tools/mkvenv.sh)
+to_build=0
+for v in "${RELEASES[@]}"; do [[ -f "$VENV_ROOT/sglang-$v-$RECIPE_ID/.complete" ]] || to_build=$((to_build + 1)); done
+need_mb=$(( to_build * 2700 + 2000 ))
+free_mb=$(df -Pm "$VENV_ROOT" | awk 'NR == 2 {print $4}')
+echo "=== disk: ${free_mb} MB free at $VENV_ROOT; ${to_build} venv(s) to build need about ${need_mb} MB"
+if (( free_mb < need_mb )); then
+  echo "!!! not enough free disk for the test matrix: ${free_mb} MB free, about ${need_mb} MB needed (see du -sh $VENV_ROOT/*)"
+  exit 1
+fi
+
 build() {  # build one release's venv; leaves its path (on success) and its build time next to its log
   local v=$1 t0
   t0=$(date +%s)
