@@ -5,6 +5,8 @@
 ``SGLANG_DP_MTP_FIX_STATS`` log vote counters every N decode batches (unset/empty/0: off)
 ``SGLANG_DP_MTP_FIX_PEER_TIMEOUT`` seconds the start-up cross-rank patch-state check waits for every rank (default 120)
 ``SGLANG_DP_MTP_FIX_REPORT_DIR`` an existing directory (absolute path) to write one report file per process into
+``SGLANG_DP_MTP_FIX_METRICS`` auto (default: vote counters on SGLang's /metrics when it runs with --enable-metrics)
+                            | off (SGLang's false spellings accepted)
 
 A bad value is never guessed at: it raises :class:`ConfigError` naming the variable and the accepted values, and the
 plugin leaves SGLang stock (``auto``) or stops the process (``strict``).
@@ -22,6 +24,10 @@ SKIP_ENV = "SGLANG_DP_MTP_FIX_SKIP"
 STATS_ENV = "SGLANG_DP_MTP_FIX_STATS"
 PEER_TIMEOUT_ENV = "SGLANG_DP_MTP_FIX_PEER_TIMEOUT"
 REPORT_DIR_ENV = "SGLANG_DP_MTP_FIX_REPORT_DIR"
+METRICS_ENV = "SGLANG_DP_MTP_FIX_METRICS"
+# SGLang's launcher sets this before it starts the schedulers exactly when it runs with --enable-metrics
+# (``set_prometheus_multiproc_dir``); a scheduler therefore knows at plugin load whether metrics are on.
+PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 DEFAULT_PEER_TIMEOUT_S = 120.0
 MAX_PEER_TIMEOUT_S = 3600.0
 
@@ -47,6 +53,9 @@ class Config:
     stats_every: int | None = None
     peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S
     report_dir: str | None = None  # None: the plugin writes no file at all
+    # Count votes for SGLang's Prometheus endpoint (decided at load, like stats_every): SGLang runs with
+    # --enable-metrics and SGLANG_DP_MTP_FIX_METRICS is not off.
+    export_metrics: bool = False
     # Set when the config could not be parsed: the plugin then stays stock (auto) or stops (strict).
     error: str | None = None
 
@@ -136,6 +145,21 @@ def parse_report_dir(raw: str | None) -> str | None:
     return value
 
 
+def parse_metrics(raw: str | None) -> bool:
+    """True unless switched off; whether SGLang's metrics are on is the caller's other half."""
+    if raw is None:
+        return True
+    value = _clean(METRICS_ENV, raw).strip().lower()
+    if value in ("", "auto"):
+        return True
+    if value in _FALSE_SPELLINGS:
+        return False
+    raise ConfigError(
+        f"{METRICS_ENV}={raw!r} is not understood; accepted values: auto (default; on when SGLang runs with "
+        f"--enable-metrics), off (or one of SGLang's false spellings: {', '.join(sorted(_FALSE_SPELLINGS))})"
+    )
+
+
 def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = None) -> Config:
     """Parse the environment. Never raises: a bad value yields ``Config(error=...)``.
 
@@ -152,6 +176,10 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
         stats_every = parse_stats(env.get(STATS_ENV))
         peer_timeout_s = parse_peer_timeout(env.get(PEER_TIMEOUT_ENV))
         report_dir = parse_report_dir(env.get(REPORT_DIR_ENV))
+        export_metrics = parse_metrics(env.get(METRICS_ENV)) and bool(env.get(PROMETHEUS_DIR_ENV))
     except ConfigError as exc:
         return Config(mode=mode, error=str(exc))
-    return Config(mode=mode, skip=skip, stats_every=stats_every, peer_timeout_s=peer_timeout_s, report_dir=report_dir)
+    return Config(
+        mode=mode, skip=skip, stats_every=stats_every, peer_timeout_s=peer_timeout_s, report_dir=report_dir,
+        export_metrics=export_metrics,
+    )  # fmt: skip

@@ -257,7 +257,11 @@ def _checked_reason(res: dict[Target, Resolved]) -> str:
     fingerprinted = [r.matched for r in res.values() if r.target.fingerprinted]
     common = set(AFFECTED_RELEASES).intersection(*fingerprinted) if fingerprinted else set()
     as_of = ", ".join(r for r in AFFECTED_RELEASES if r in common) or "mixed releases"
-    return f"{len(res)} targets checked; {len(fingerprinted)} source fingerprints match SGLang {as_of}"
+    n, f = len(res), len(fingerprinted)
+    return (
+        f"{n} target{'s' if n != 1 else ''} checked; "
+        f"{f} source fingerprint{'s match' if f != 1 else ' matches'} SGLang {as_of}"
+    )
 
 
 def groups(patches: Sequence[Patch]) -> list[list[Patch]]:

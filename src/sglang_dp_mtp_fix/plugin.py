@@ -18,7 +18,7 @@ import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import _version, peers, report
+from sglang_dp_mtp_fix import _version, metrics, peers, report
 from sglang_dp_mtp_fix.config import Config, load_config
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, _Change
 from sglang_dp_mtp_fix.patches import _startup_checks, all_patches
@@ -139,6 +139,8 @@ def _after_scheduler_init(
             line.flush()
             check_peers(manager, outcomes, config)
             check_startup_hazards(self, config)
+            if config.export_metrics:
+                export_metrics(self, manager)
 
     Scheduler.__init__ = __init__
     manager._changes.append(_Change(Scheduler, "__init__", True, original, __init__))
@@ -165,6 +167,21 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
             "(plugin %s, %d of %d patches applied, %d fingerprints)",
             rank, world, _version.__version__, applied, len(outcomes), len(manager.peer_fingerprints()),
         )  # fmt: skip
+
+
+def export_metrics(scheduler: Any, manager: PatchManager) -> None:
+    """SGLang runs with --enable-metrics: the vote counters go to its /metrics from this scheduler (``metrics``),
+    with each patch's status as it stands after model load (deferred patches included). Never raises."""
+    try:
+        line = metrics.install(scheduler, manager.outcomes or [], _version.__version__)
+    except Exception as exc:  # noqa: BLE001 - an exporter must never crash the host
+        line = f"sglang-dp-mtp-fix: vote counters not exported to /metrics: {exc!r}"
+    if line is None:
+        return
+    if "not exported" in line:
+        report.logger.warning(line)
+    else:
+        report.logger.info(line)
 
 
 def check_startup_hazards(scheduler: Any, config: Config) -> None:

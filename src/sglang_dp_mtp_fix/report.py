@@ -157,6 +157,7 @@ def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object
             "mode": config.mode.value,
             "skip": sorted(config.skip),
             "stats_every": config.stats_every,
+            "export_metrics": config.export_metrics,
             "peer_timeout_s": config.peer_timeout_s,
             "report_dir": config.report_dir,
             "error": config.error,

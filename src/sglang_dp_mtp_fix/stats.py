@@ -1,11 +1,13 @@
-"""Opt-in vote counters (``SGLANG_DP_MTP_FIX_STATS=<N>``): every N decode batches a rank logs one line.
+"""Vote counters: every N decode batches a rank logs one line (``SGLANG_DP_MTP_FIX_STATS=<N>``), and/or each
+decode batch is exported to SGLang's Prometheus endpoint (``metrics``, when SGLang runs with ``--enable-metrics``).
 
-Decided at load: with the variable unset the vote wrappers are built without any counting code (zero cost).
+Decided at load: with neither the vote wrappers are built without any counting code (zero cost).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 logger = logging.getLogger("sglang_dp_mtp_fix.stats")
@@ -28,11 +30,16 @@ class Totals:
         return asdict(self)
 
 
+# generic decode vote, draft group vote, this rank's own draft vote (see VoteStats.record)
+Exporter = Callable[[bool, bool, bool], None]
+
+
 class VoteStats:
-    def __init__(self, every: int):
-        self.every = every
+    def __init__(self, every: int | None):
+        self.every = every  # None: no log lines (counting for the metrics exporter only)
         self.window = Totals()
         self.total = Totals()
+        self.exporter: Exporter | None = None  # set at scheduler start when SGLang's metrics are on (``metrics``)
 
     def record(self, generic_graph: bool, draft_graph: bool, local_vote: bool) -> None:
         for t in (self.window, self.total):
@@ -49,7 +56,9 @@ class VoteStats:
                     t.eager_own_seedless += 1
                 else:
                     t.eager_other_rank_vote += 1
-        if self.window.decode_batches >= self.every:
+        if self.exporter is not None:
+            self.exporter(generic_graph, draft_graph, local_vote)
+        if self.every is not None and self.window.decode_batches >= self.every:
             w = self.window
             # Votes, not graph use: "graph-eligible" means no rank asked for eager, which is all the vote can know
             # (whether a graph then runs also needs CUDA graphs enabled and captured for that batch size).
@@ -65,9 +74,10 @@ class VoteStats:
 _active: VoteStats | None = None
 
 
-def activate(every: int | None) -> VoteStats | None:
+def activate(every: int | None, for_metrics: bool = False) -> VoteStats | None:
+    """The counters the vote wrapper records into, or None: then it is built without counting code."""
     global _active
-    _active = VoteStats(every) if every else None
+    _active = VoteStats(every or None) if every or for_metrics else None
     return _active
 
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -217,6 +218,10 @@ class Server:
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read())
 
+    def scrape_metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=60) as resp:
+            return resp.read().decode()
+
     def generate_all(self, prompts: list[list[int]] = PROMPTS) -> list[dict]:
         """Send every prompt at once (so both DP ranks get work); results in prompt order."""
         from concurrent.futures import ThreadPoolExecutor
@@ -226,8 +231,13 @@ class Server:
 
 
 def start_server(
-    name: str, log_dir: Path, env: dict[str, str], extra_args: list[str] = (), port: int | None = None, pd: bool = True
-):
+    name: str,
+    log_dir: Path,
+    env: dict[str, str],
+    extra_args: Sequence[str] = (),
+    port: int | None = None,
+    pd: bool = True,
+) -> Server:
     port = port or free_port_block()
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log:
@@ -260,6 +270,9 @@ class Launch:
     report_dir: Path
     outputs: list[dict]  # PROMPTS sent at once (both DP ranks busy together)
     sequential: list[dict]  # PROMPTS one at a time: each alone in its batch, so numerics do not depend on batching
+    # /metrics of a launch with --enable-metrics, once ready (before any request) and after the last request
+    metrics_ready: str | None = None
+    metrics_end: str | None = None
 
     @property
     def log(self) -> str:
@@ -277,22 +290,25 @@ class Launch:
         return [json.loads(p.read_text()) for p in sorted(self.report_dir.glob("sglang-dp-mtp-fix-*.json"))]
 
 
-def serve(name: str, tmp: Path, env: dict[str, str], timings: dict, pd: bool = True) -> Launch:
+def serve(name: str, tmp: Path, env: dict[str, str], timings: dict, pd: bool = True, metrics: bool = False) -> Launch:
+    """``metrics``: launch with SGLang's --enable-metrics and scrape /metrics once ready and after the requests."""
     report_dir = tmp / f"{name}-reports"
     report_dir.mkdir()
     env = {**env, "SGLANG_DP_MTP_FIX_REPORT_DIR": str(report_dir)}
-    server = start_server(name, tmp, env, pd=pd)
+    server = start_server(name, tmp, env, ["--enable-metrics"] if metrics else [], pd=pd)
     try:
         t0 = time.monotonic()
         if not server.wait_ready():
             pytest.fail(f"{name}: server never became ready; log tail:\n{server.log[-4000:]}")
+        metrics_ready = server.scrape_metrics() if metrics else None
         outputs = server.generate_all()
         # Dummy weights are tiny (+-1e-3), so logits are near ties and a different batch mix can flip a greedy token;
         # requests one at a time give every launch the same batches.
         sequential = [server.generate(ids, 2000 + k) for k, ids in enumerate(PROMPTS)]
         time.sleep(1.0)  # let the last batch's log lines flush
+        metrics_end = server.scrape_metrics() if metrics else None
         timings[name] = round(time.monotonic() - t0, 1)
-        return Launch(server, report_dir, outputs, sequential)
+        return Launch(server, report_dir, outputs, sequential, metrics_ready, metrics_end)
     finally:
         server.stop()
         assert not server.group_alive(), f"{name}: processes left behind"

@@ -1,6 +1,8 @@
-"""Real single-host launches: a (patched launch), b (no harm), e (kill switch), f (stand down), g (counters).
+"""Real single-host launches: a (patched launch), b (no harm), e (kill switch), f (stand down), g (counters), and the
+vote counters on SGLang's /metrics (#13).
 
-Launches shared by the scenarios: patched (a, g) and off (e) in the seed's shape; b's three arms (patched, off, not
+Launches shared by the scenarios: patched (a, g, metrics) and off (e, metrics absent) in the seed's shape, both with
+SGLang's --enable-metrics; b's three arms (patched, off, not
 selected) without PD decode (why: ``launchlib.NO_PD``). On releases where the plugin stands down (f) one launch. Each
 launch serves PROMPTS and is stopped before the assertions run."""
 
@@ -60,13 +62,14 @@ def statuses(line: str) -> dict[str, str]:
 def patched(gaps_path, launch_tmp, launch_timings):
     if SGLANG_VERSION not in AFFECTED:
         pytest.skip("the plugin stands down here")
-    return serve("patched", launch_tmp, base_env(gaps_path, SGLANG_DP_MTP_FIX_STATS=str(STATS_EVERY)), launch_timings)
+    env = base_env(gaps_path, SGLANG_DP_MTP_FIX_STATS=str(STATS_EVERY))
+    return serve("patched", launch_tmp, env, launch_timings, metrics=True)
 
 
 @pytest.fixture(scope="module")
 def off(gaps_path, launch_tmp, launch_timings):
     env = base_env(gaps_path, SGLANG_DP_MTP_FIX="off", SGLANG_DP_MTP_FIX_STATS=str(STATS_EVERY))
-    return serve("off", launch_tmp, env, launch_timings)
+    return serve("off", launch_tmp, env, launch_timings, metrics=True)
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +150,88 @@ def test_g_counters_on_every_rank_during_real_decode_with_words_true_without_gra
         # rank forced eager (no seedless batch in plain decode), which is what its words say.
         assert int(m["gy"]) == 0 and int(m["dn"]) == 0 and int(m["own"]) == int(m["other"]) == 0, m[0]
     assert "graph true=" not in patched.log  # the old wording, which read as graph use
+
+
+# --- the vote counters on SGLang's /metrics (--enable-metrics) -------------------------------------------------
+
+
+PLUGIN_METRIC = "sglang:dp_mtp_fix_"
+
+
+def samples(text: str) -> list:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def per_rank(text: str, name: str, **match: str) -> dict[str, float]:
+    """dp_rank -> the sum of ``name``'s samples whose labels include ``match``."""
+    out: dict[str, float] = {}
+    for s in samples(text):
+        if s.name == name and all(s.labels.get(k) == v for k, v in match.items()):
+            out[s.labels["dp_rank"]] = out.get(s.labels["dp_rank"], 0) + s.value
+    return out
+
+
+@affected_only
+def test_metrics_count_every_decode_batch_of_each_rank_with_sglangs_labels(patched):
+    decode = PLUGIN_METRIC + "decode_batches_total"
+    ready, end = per_rank(patched.metrics_ready, decode), per_rank(patched.metrics_end, decode)
+    assert set(end) == {"0", "1"}, patched.metrics_end[-3000:]
+    # What the requests did: 4 prompts at once, then 4 one at a time, 8 new tokens each, <= 3 tokens per MTP round:
+    # >= 3 decode rounds per prompt (the first token comes with the PD arrival), and with DP attention every rank
+    # takes part in every round (an idle batch where it has no request): >= 15 rounds counted on each rank.
+    assert all(end[r] - ready.get(r, 0) >= 3 + 4 * 3 for r in end), (ready, end)
+    # The same counters as the stats lines (every STATS_EVERY batches): /metrics has all batches, the lines whole
+    # windows.
+    windows = {r: STATS_EVERY * sum(m["dp"] == r for m in STATS_LINE.finditer(patched.log)) for r in end}
+    assert all(windows[r] <= end[r] < windows[r] + STATS_EVERY for r in end), (windows, end)
+    # --disable-cuda-graph: SGLang's generic vote is eager for every batch, and no round was forced eager (no seedless
+    # arrival with the fake transfer backend): the series exist and read 0.
+    assert per_rank(patched.metrics_end, decode, generic_vote="graph_eligible") == {"0": 0, "1": 0}
+    assert per_rank(patched.metrics_end, decode, draft_vote="forced_eager") == {"0": 0, "1": 0}
+    forced = PLUGIN_METRIC + "forced_eager_draft_batches_total"
+    for cause in ("own_seedless_batch", "other_rank_vote"):
+        assert per_rank(patched.metrics_end, forced, cause=cause) == {"0": 0, "1": 0}
+    # SGLang's own scheduler labels, per rank (model_name, engine_type, tp_rank, dp_rank, ...), plus the plugin's own
+    ours = {tuple(sorted(set(s.labels) - {"generic_vote", "draft_vote"})) for s in samples(patched.metrics_end)
+            if s.name == decode}  # fmt: skip
+    theirs = {tuple(sorted(s.labels)) for s in samples(patched.metrics_end) if s.name == "sglang:num_running_reqs"}
+    assert ours == theirs and len(ours) == 1, (ours, theirs)
+    assert f"on SGLang's /metrics as {PLUGIN_METRIC}*" in patched.log
+
+
+DEFERRED_LINE = re.compile(
+    r"^\[[^\]]* (?P<rank>DP\d TP\d)\] sglang-dp-mtp-fix: (?P<patch>\w+) (?P<status>[\w-]+) when (?P<module>\S+) was "
+    r"imported: ",
+    re.M,
+)
+
+
+@affected_only
+def test_metrics_patch_info_is_each_ranks_state_after_model_load(patched):
+    """Each rank's report line (at plugin load), updated by the lines of patches applied when their module was
+    imported (SGLang's scheduler imports the DSA modules while it builds the model runner, whatever the model)."""
+    want = {rank: statuses(line[0]) for rank, line in patched.report_lines().items() if rank != "main"}
+    for m in DEFERRED_LINE.finditer(patched.log):
+        assert want[m["rank"]][m["patch"]] == "not-loaded", m[0]  # only a patch waiting for its module
+        want[m["rank"]][m["patch"]] = m["status"]
+    version = {m[1] for m in re.finditer(r"sglang-dp-mtp-fix (\S+) on SGLang ", patched.log)}
+    got: dict[str, dict[str, str]] = {}
+    for s in samples(patched.metrics_end):
+        if s.name == PLUGIN_METRIC + "patch_info":
+            assert s.value == 1 and {s.labels["version"]} == version, (s, version)
+            rank = f"DP{s.labels['dp_rank']} TP{s.labels['tp_rank']}"
+            got.setdefault(rank, {})[s.labels["patch"]] = s.labels["status"]
+    assert got == want and len(want) == 2, (got, want)
+
+
+@full_only
+def test_metrics_absent_with_the_plugin_off_and_sglangs_unchanged(patched, off):
+    assert PLUGIN_METRIC not in off.metrics_end
+    names = {arm: {s.name for s in samples(launch.metrics_end)} for arm, launch in (("patched", patched), ("off", off))}
+    assert names["off"] == {n for n in names["patched"] if not n.startswith(PLUGIN_METRIC)}, names
+    assert "sglang:num_running_reqs" in names["off"]
 
 
 # --- b. no harm --------------------------------------------------------------------------------------------------

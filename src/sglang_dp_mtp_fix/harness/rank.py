@@ -444,18 +444,36 @@ def run_rounds(states: list[dict[str, Any]], collective: bool = True) -> list[di
 def plugin(command: str | dict[str, Any]) -> dict[str, Any]:
     """apply / restore the plugin in this rank (all ranks do it together), or read its vote counters.
 
-    ``{"command": "apply", "env": {...}}`` applies under extra environment variables (e.g. the stats switch).
+    ``{"command": "apply", "env": {...}}`` applies under extra environment variables (e.g. the stats switch);
+    ``{"command": "export_metrics", "env": {"PROMETHEUS_MULTIPROC_DIR": d}, "labels": {...}}`` exports the counters.
     """
     from sglang_dp_mtp_fix import plugin as p
     from sglang_dp_mtp_fix import stats
 
     env: dict[str, str] = {}
+    command_labels: dict[str, str] = {}
     if isinstance(command, dict):
         env = dict(command.get("env") or {})
+        command_labels = dict(command.get("labels") or {})
         command = command["command"]
     if command == "stats":
         counters = stats.active()
         return {"rank": _ctx["rank"], "stats": counters.total.as_dict() if counters else None}
+    if command == "export_metrics":
+        # What the end of Scheduler.__init__ does when SGLang runs with --enable-metrics, for a scheduler whose
+        # metrics collector carries ``labels`` (the stand-in holds only what metrics.install reads).
+        from sglang_dp_mtp_fix import _version, metrics
+        from sglang_dp_mtp_fix.config import PROMETHEUS_DIR_ENV
+
+        # Set before prometheus_client is imported (it picks multiprocess mode then, as in SGLang), unset after: a
+        # later apply in this rank must not see metrics on.
+        os.environ[PROMETHEUS_DIR_ENV] = env[PROMETHEUS_DIR_ENV]
+        scheduler = SimpleNamespace(metrics_collector=SimpleNamespace(labels=dict(command_labels)))
+        try:
+            line = metrics.install(scheduler, p.get_manager().outcomes or [], _version.__version__)
+        finally:
+            os.environ.pop(PROMETHEUS_DIR_ENV)
+        return {"rank": _ctx["rank"], "line": line}
     if command == "apply":
         saved = {k: os.environ.get(k) for k in env}
         if env:

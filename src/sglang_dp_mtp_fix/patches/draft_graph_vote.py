@@ -203,8 +203,9 @@ class DraftGraphVote(Patch):
                 sync.group_vote = group_vote
             return result
 
-        # Decided at load: without SGLANG_DP_MTP_FIX_STATS the wrapper carries no counting code at all.
-        counters = stats.activate(self.config.stats_every)
+        # Decided at load: without SGLANG_DP_MTP_FIX_STATS and SGLang's --enable-metrics the wrapper carries no
+        # counting code at all.
+        counters = stats.activate(self.config.stats_every, for_metrics=self.config.export_metrics)
         # The generic vote's name on ScheduleBatch: can_run_dp_cuda_graph until 0.5.18, can_run_decode_cuda_graph after.
         batch_fields = getattr(resolved[SB_DEFAULT].owner, "__dataclass_fields__", {})
         generic_field = (

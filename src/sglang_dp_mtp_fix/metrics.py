@@ -1,0 +1,98 @@
+"""The plugin's vote counters on SGLang's Prometheus endpoint (SGLang launched with ``--enable-metrics``).
+
+SGLang's scheduler metrics are ``prometheus_client`` metrics in multiprocess mode: every scheduler process writes its
+samples under ``PROMETHEUS_MULTIPROC_DIR`` and the HTTP server's ``/metrics`` adds them up. At the end of the first
+``Scheduler.__init__`` of a scheduler that has SGLang's own metrics collector, the plugin creates its metrics next to
+SGLang's: same directory, same ``sglang:`` prefix, the collector's own labels (model_name, engine_type, tp_rank,
+pp_rank, moe_ep_rank, dp_rank, ...). From then on every decode batch the vote wrapper counts (``stats``) is added.
+
+Whether the vote wrapper counts at all is decided at load (``Config.export_metrics``): SGLang's launcher sets
+``PROMETHEUS_MULTIPROC_DIR`` before it starts the schedulers exactly when metrics are on. Without it (or with
+``SGLANG_DP_MTP_FIX_METRICS=off``) nothing here runs and the vote path carries no counting code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sglang_dp_mtp_fix import stats
+from sglang_dp_mtp_fix.core import Outcome
+
+PREFIX = "sglang:dp_mtp_fix_"
+DECODE_BATCHES = PREFIX + "decode_batches"  # exposed as ..._total (a Counter)
+FORCED_EAGER = PREFIX + "forced_eager_draft_batches"
+PATCH_INFO = PREFIX + "patch_info"
+GRAPH_ELIGIBLE, EAGER, FORCED_EAGER_VOTE = "graph_eligible", "eager", "forced_eager"
+CAUSE_OWN, CAUSE_OTHER = "own_seedless_batch", "other_rank_vote"
+OWN_LABELS = ("generic_vote", "draft_vote", "cause", "version", "patch", "status")
+
+_families: dict[str, Any] = {}  # created once per process (prometheus_client refuses a second registration)
+
+
+def _family(kind: str, name: str, doc: str, labelnames: Sequence[str]) -> Any:
+    import prometheus_client  # SGLang imports it only after PROMETHEUS_MULTIPROC_DIR is set; so does this
+
+    if name not in _families:
+        if kind == "counter":
+            _families[name] = prometheus_client.Counter(name, doc, labelnames=labelnames)
+        else:
+            _families[name] = prometheus_client.Gauge(name, doc, labelnames=labelnames, multiprocess_mode="mostrecent")
+    return _families[name]
+
+
+def install(scheduler: Any, outcomes: Sequence[Outcome], version: str) -> str | None:
+    """Export this scheduler's vote counters. Returns the line to log, or None when nothing is to be exported here
+    (counting not built, or a scheduler without SGLang's collector: SGLang exports nothing from it either)."""
+    counters = stats.active()
+    collector = getattr(scheduler, "metrics_collector", None)
+    if counters is None or collector is None:
+        return None
+    labels = {str(k): str(v) for k, v in dict(getattr(collector, "labels", None) or {}).items()}
+    clash = sorted(set(labels) & set(OWN_LABELS))
+    if not labels or clash:
+        return "sglang-dp-mtp-fix: vote counters not exported to /metrics: SGLang's scheduler metrics labels " + (
+            f"use the plugin's own label names {clash}" if clash else "were not found on its metrics collector"
+        )
+    try:
+        decode = _family(
+            "counter", DECODE_BATCHES,
+            "Decode (and idle) batches by the generic decode-graph vote and the draft-graph group vote of their "
+            "DP round (sglang-dp-mtp-fix). graph_eligible: no rank asked for eager.",
+            [*labels, "generic_vote", "draft_vote"],
+        )  # fmt: skip
+        forced = _family(
+            "counter", FORCED_EAGER,
+            "Decode batches whose draft step ran eager on every DP rank together, by cause on this rank: its own "
+            "batch had no DSA top-k seed, or another rank's vote (sglang-dp-mtp-fix).",
+            [*labels, "cause"],
+        )  # fmt: skip
+        info = _family(
+            "gauge", PATCH_INFO, "sglang-dp-mtp-fix version and each patch's status in this process (value 1).",
+            [*labels, "version", "patch", "status"],
+        )  # fmt: skip
+    except ImportError as exc:
+        return f"sglang-dp-mtp-fix: vote counters not exported to /metrics: {exc}"
+    # Every series exists from the start (at 0), so dashboards and rate() see them before the first eager round.
+    by_vote = {
+        (generic, draft): decode.labels(
+            **labels,
+            generic_vote=GRAPH_ELIGIBLE if generic else EAGER,
+            draft_vote=GRAPH_ELIGIBLE if draft else FORCED_EAGER_VOTE,
+        )
+        for generic in (True, False)
+        for draft in (True, False)
+    }
+    own_seedless = forced.labels(**labels, cause=CAUSE_OWN)
+    other_rank = forced.labels(**labels, cause=CAUSE_OTHER)
+    for o in outcomes:
+        info.labels(**labels, version=version, patch=o.id, status=o.status.value).set(1)
+
+    def export(generic_graph: bool, draft_graph: bool, local_vote: bool) -> None:
+        by_vote[generic_graph, draft_graph].inc()
+        if not draft_graph:
+            (other_rank if local_vote else own_seedless).inc()
+
+    counters.exporter = export
+    shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k in ("tp_rank", "dp_rank"))
+    return f"sglang-dp-mtp-fix: vote counters exported on SGLang's /metrics as {PREFIX}* ({shown})"
