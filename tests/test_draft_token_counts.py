@@ -13,8 +13,8 @@ stock deepep/deepep deployment does by design (its a2a needs no common bucket); 
 named.
 
 Not fixed here (no seam gives the draft its counts without re-deriving ForwardBatch's gathered fields); the plugin
-names the configuration at scheduler start (``_startup_checks.draft_token_counts_hazard``): one WARNING in
-``auto``, ``StartupHazard`` in ``strict``.
+refuses the configuration at scheduler start (``_startup_checks.draft_token_counts_hazard``): one WARNING in
+``auto``, which also puts the draft-vote group back to stock on that scheduler, ``StartupHazard`` in ``strict``.
 
 REAL: ``ServerArgs`` with both flags, SGLang's ``require_mlp_tp_gather`` in and out of the real
 ``speculative_moe_a2a_backend_context()``, ``ScheduleBatch``, ``_update_gather_batch``, ``ForwardBatch.init_new``
@@ -135,6 +135,40 @@ def test_differing_draft_backend_splits_the_ranks_on_stock(monkeypatch):
     target, draft = gather_answers(server_args("deepep", "none"))
     paths = draft_paths(target, draft, monkeypatch)
     assert paths == [True, False], paths
+
+
+VOTE_GROUP = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
+
+
+def test_auto_refuses_it_and_leaves_the_vote_group_stock_on_that_scheduler(restored, monkeypatch, caplog):
+    """The real plugin applied in-process, then SGLang's real ranks' split above run again: stock behaviour comes
+    back exactly (the refusal is a stand-down, not a fix), the other groups stay applied, one WARNING names both
+    flags and the patches, and the statuses say why (what the cross-rank check compares next)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+    monkeypatch.setenv(MODE_ENV, "auto")
+    stock_gate = EAGLEDraftCudaGraphRunner.__dict__["can_run_graph"]
+    outcomes = {o.id: o for o in restored.register()}
+    assert all(outcomes[pid].status.value == "applied" for pid in VOTE_GROUP)
+    others = {pid: o.status.value for pid, o in outcomes.items() if pid not in VOTE_GROUP}
+    assert EAGLEDraftCudaGraphRunner.__dict__["can_run_graph"] is not stock_gate
+    vote_prints = ("sglang.srt.managers.scheduler_components.dp_attn", "sglang.srt.speculative.eagle_draft_cuda")
+    assert any(k.startswith(vote_prints) for k in restored.get_manager().peer_fingerprints())
+    scheduler = SimpleNamespace(server_args=server_args("deepep", "none"), draft_worker=object())  # STAND-IN
+    with caplog.at_level(logging.INFO, logger="sglang_dp_mtp_fix"):
+        restored.check_startup_hazards(scheduler, restored.last_config)
+    lines = [r.getMessage() for r in caplog.records if "--speculative-moe-a2a-backend" in r.getMessage()]
+    assert len(lines) == 1 and "--moe-a2a-backend deepep" in lines[0] and "backend none" in lines[0], lines
+    assert lines[0].endswith("left stock on this scheduler (auto; strict stops): " + ", ".join(VOTE_GROUP)), lines
+    assert EAGLEDraftCudaGraphRunner.__dict__["can_run_graph"] is stock_gate
+    assert {pid: o.status.value for pid, o in outcomes.items() if pid not in VOTE_GROUP} == others
+    for pid in VOTE_GROUP:
+        assert outcomes[pid].status.value == "unsupported" and "left stock at scheduler start" in outcomes[pid].reason
+    assert not any(k.startswith(vote_prints) for k in restored.get_manager().peer_fingerprints())
+    target, draft = gather_answers(server_args("deepep", "none"))
+    assert draft_paths(target, draft, monkeypatch) == [True, False]  # SGLang's real path still runs, stock
 
 
 def test_plugin_names_the_configuration_at_scheduler_start(monkeypatch, caplog):

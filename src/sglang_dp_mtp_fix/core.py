@@ -146,6 +146,7 @@ class _Change:
     original: Any
     new: Any
     rebinds: list[tuple[Any, str]] = field(default_factory=list)  # (module, name) copies we re-pointed
+    patch_id: str | None = None  # the patch that made it (None: the plugin's own seams)
 
 
 class _AbsentModule(Exception):
@@ -532,7 +533,7 @@ class PatchManager:
                     live_new.__sglang_dp_mtp_fix_original__ = fp.function_of(original)
             except (AttributeError, TypeError):
                 pass  # plain values (class defaults) carry no marker
-            change = _Change(res.owner, res.attr, res.own, original, new)
+            change = _Change(res.owner, res.attr, res.own, original, new, patch_id=patch.id)
             setattr(res.owner, res.attr, new)
             self._changes.append(change)
 
@@ -580,6 +581,29 @@ class PatchManager:
             logging.getLogger("sglang_dp_mtp_fix").warning(
                 "sglang-dp-mtp-fix: not restored because another hook wraps them now: %s", ", ".join(not_restored)
             )
+        return not_restored
+
+    def stand_down(self, ids: Iterable[str], reason: str) -> list[str]:
+        """Put the patches ``ids`` (a whole group: the caller's decision) back to stock after application, e.g. at
+        scheduler start when the deployment turns out to be one the group must not run in. Their outcomes become
+        ``unsupported`` with ``reason``; the other patches stay as they are. Returns what could not be restored
+        (another hook wraps it now)."""
+        ids = set(ids)
+        with self._lock:
+            for pid in ids & set(self._pending):
+                importhook.cancel(self._pending.pop(pid))
+            keep: list[_Change] = []
+            undo: list[_Change] = []
+            for ch in self._changes:
+                (undo if ch.patch_id in ids else keep).append(ch)
+            self._changes = undo
+            not_restored = self._undo(0)
+            self._changes = keep
+            names = {t.name for p in self.patches if p.id in ids for t in p.targets}
+            self.fingerprints = {k: v for k, v in self.fingerprints.items() if k not in names}
+            for o in self.outcomes or []:
+                if o.id in ids:
+                    o.status, o.reason = Status.UNSUPPORTED, reason
         return not_restored
 
     def _undo(self, start: int) -> list[str]:

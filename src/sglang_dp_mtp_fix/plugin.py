@@ -20,7 +20,7 @@ from typing import Any
 
 from sglang_dp_mtp_fix import _version, metrics, peers, report
 from sglang_dp_mtp_fix.config import Config, load_config
-from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, _Change
+from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, _Change, groups
 from sglang_dp_mtp_fix.patches import _startup_checks, all_patches
 
 _lock = threading.Lock()
@@ -137,8 +137,8 @@ def _after_scheduler_init(
         if pending:
             pending.clear()
             line.flush()
+            check_startup_hazards(self, config, manager)  # first: a group it leaves stock is what peers compare
             check_peers(manager, outcomes, config)
-            check_startup_hazards(self, config)
             if config.export_metrics:
                 export_metrics(self, manager)
 
@@ -184,10 +184,14 @@ def export_metrics(scheduler: Any, manager: PatchManager) -> None:
         report.logger.info(line)
 
 
-def check_startup_hazards(scheduler: Any, config: Config) -> None:
-    """Once per scheduler, at the end of its ``__init__``: a known hazard is one WARNING line in ``auto`` and a stop
-    in ``strict`` (``_startup_checks``)."""
-    for check in (_startup_checks.skip_all_gather_hazard, _startup_checks.draft_token_counts_hazard):
+def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager | None = None) -> None:
+    """Once per scheduler, at the end of its ``__init__`` (``_startup_checks``). A hazard is one WARNING line in
+    ``auto`` and a stop in ``strict``. A refused configuration (one the draft-vote group cannot keep consistent and
+    no seam can fix) also leaves that group stock on this scheduler in ``auto``: it runs before the cross-rank
+    check, and decided from the server arguments every rank shares, so every rank of the launch stands down alike
+    (a rank that differs is a mismatch the check then stops)."""
+    manager = manager or get_manager()
+    for check, refuses in _startup_checks.CHECKS:
         try:
             line = check(scheduler)
         except Exception as exc:  # noqa: BLE001 - a diagnostic must never crash the host
@@ -197,4 +201,14 @@ def check_startup_hazards(scheduler: Any, config: Config) -> None:
             continue
         if config.strict:
             raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
+        if refuses:
+            group = next((g for g in groups(manager.patches) if any(p.id == refuses for p in g)), [])
+            ids = [
+                p.id for p in group if any(o.id == p.id and o.status is Status.APPLIED for o in manager.outcomes or [])
+            ]
+            if ids:
+                not_restored = manager.stand_down(ids, f"left stock at scheduler start: {line}")
+                line += f"; left stock on this scheduler (auto; strict stops): {', '.join(ids)}"
+                if not_restored:
+                    line += f" (not restored, another hook wraps them now: {', '.join(not_restored)})"
         report.logger.warning(line)

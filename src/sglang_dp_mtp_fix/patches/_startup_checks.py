@@ -6,12 +6,16 @@ does the same). In an EAGLE deployment whose draft seeds DSA top-k from draft-ex
 graph, a seedless PD-decode round then sends one rank eager and its peers through the graph: the #32209 hang.
 The plugin cannot vote without a gather and must not add a collective, so it names the hazard instead.
 
+A draft MoE a2a backend whose MLP-gather answer differs from the target's is refused (``CHECKS``): the plugin in
+``auto`` puts the draft-vote group back to stock on that scheduler, ``strict`` stops.
+
 Read from what the scheduler really uses: SGLang's own ``envs.SGLANG_SCHEDULER_SKIP_ALL_GATHER`` (which the DWDP
 set-up also sets in-process), the scheduler's ``server_args`` and its spec worker as built.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 SKIP_ENV = "SGLANG_SCHEDULER_SKIP_ALL_GATHER"
@@ -84,3 +88,12 @@ def draft_token_counts_hazard(scheduler: Any) -> str | None:
         "per-rank token counts, so DP ranks can pick different draft graph buckets or paths (hang); use the same "
         "backend for both (upstream 0.5.21 gives the draft its own counts)"
     )
+
+
+# (check, the patch whose group it refuses in auto, or None: a warning only). The skip-all-gather hole is a warning:
+# the vote group still keeps every seeded round consistent there, and upstream 0.5.21 has the same hole. Differing
+# draft MoE a2a backends are refused: the group's draft vote would be sized from the wrong per-rank counts.
+CHECKS: tuple[tuple[Callable[[Any], str | None], str | None], ...] = (
+    (skip_all_gather_hazard, None),
+    (draft_token_counts_hazard, "draft_graph_vote"),
+)
