@@ -64,6 +64,39 @@ def sync_path(pool, rounds: int) -> dict:
     }
 
 
+def sync_path_local(rounds: int, blocks: int = 10) -> dict:
+    """The same round with SGLang's all-gather replaced by a local copy of the gathered rows (harness
+    ``LOCAL_GATHER_ENV``): each rank times SGLang's own ``get_next_disagg_decode_batch_to_run`` call alone (thread
+    CPU, no batch construction, no waiting on a peer), stock vs patched in the same process, interleaved blocks."""
+    from sglang_dp_mtp_fix.harness.pool import RankPool
+    from sglang_dp_mtp_fix.harness.rank import LOCAL_GATHER_ENV
+
+    states = [[SEEDED if (i + r) % 5 else SEEDLESS for i in range(rounds)] for r in range(2)]
+    cpu: dict[str, list[float]] = {"stock": [], "patched": []}
+    block_medians: dict[str, list[float]] = {"stock": [], "patched": []}
+    env = {"SGLANG_PLUGINS": "dp_mtp_fix", LOCAL_GATHER_ENV: "1"}
+    with RankPool(2, load_plugins=True, env=env) as pool:
+        pool.plugin("restore")
+        pool.rounds(states, collective=False)  # warm-up: first-call costs out of the figures
+        for block in range(blocks):
+            for arm in ("stock", "patched") if block % 2 == 0 else ("patched", "stock"):
+                pool.plugin("restore" if arm == "stock" else "apply")
+                results = pool.rounds(states, collective=False)
+                got = [res["round_cpu_ms"] for rank in results for res in rank]
+                cpu[arm].extend(got)
+                block_medians[arm].append(statistics.median(got))
+        pool.plugin("restore")
+    med = {arm: statistics.median(v) for arm, v in cpu.items()}
+    return {
+        "median_cpu_ms": med,
+        "cpu_ratio": round(med["patched"] / med["stock"], 3),
+        "block_median_ratios": [
+            round(p / s, 3) for s, p in zip(block_medians["stock"], block_medians["patched"], strict=True)
+        ],
+        "samples_per_arm": len(cpu["stock"]),
+    }
+
+
 def can_run_graph_time() -> dict:
     """In-process timing of the real can_run_graph on the real class (stand-in instance), stock vs patched."""
     from types import SimpleNamespace
@@ -172,6 +205,9 @@ def main() -> None:
 
     if "--activation" in sys.argv[1:]:
         activation_only()
+        return
+    if "--sync-local" in sys.argv[1:]:
+        print(json.dumps(sync_path_local(rounds=400), indent=1))
         return
     release = version("sglang")
     t0 = time.time()

@@ -545,8 +545,14 @@ class PatchManager:
         by_original = {id(ch.original): ch for ch in changes if inspect.ismodule(ch.owner) and ch.original is not None}
         if not by_original:
             return
+        wanted = by_original.keys()
         for mod in _sglang_modules():
-            for name, val in list(vars(mod).items()):
+            namespace = vars(mod)
+            # ~1,000 SGLang modules in a scheduler, almost none holding a copy: the test runs at C speed (was ~20 ms
+            # of a ~50 ms activation as a Python loop over every global)
+            if wanted.isdisjoint(map(id, namespace.values())):
+                continue
+            for name, val in list(namespace.items()):
                 ch = by_original.get(id(val))
                 if ch is not None and val is ch.original and mod is not ch.owner:
                     setattr(mod, name, ch.new)

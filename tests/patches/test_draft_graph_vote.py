@@ -58,6 +58,26 @@ def test_local_row_carries_an_independent_draft_vote(restored, local_vote, wire)
     assert _sync_info()._get_local_tensor(device="cpu")[dgv.DECODE_COLUMN].item() == 1  # stock again
 
 
+def test_fallback_rows_are_fresh_encoded_copies_of_sglangs_row(restored):
+    """The encoded fallback row is built once per device and dtype; every call still gets its own tensor (SGLang
+    writes into the gathered buffer built from it), equal to SGLang's row but for the draft vote."""
+    import torch
+
+    stock = _sync_info()._get_fallback_tensor(device="cpu")
+    restored.register()
+    info = _sync_info()
+    first, second = info._get_fallback_tensor(device="cpu"), info._get_fallback_tensor(device="cpu")
+    assert first is not second and first.data_ptr() != second.data_ptr()
+    first.fill_(7)  # a caller writing into its row changes no later row
+    third = _sync_info()._get_fallback_tensor(device="cpu")
+    want = stock.clone()
+    want[dgv.DECODE_COLUMN] = dgv.DECODE_YES_DRAFT_YES
+    assert torch.equal(second, want) and torch.equal(third, want)
+    assert info._get_fallback_tensor(device="cpu", dtype=torch.int32).dtype == torch.int32  # per dtype
+    restored.restore()
+    assert torch.equal(_sync_info()._get_fallback_tensor(device="cpu"), stock)
+
+
 def test_decode_no_stays_zero(restored):
     restored.register()
     token = dgv._sync_round.set(dgv.SyncRound(local_vote=False))

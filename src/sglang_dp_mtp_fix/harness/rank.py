@@ -82,9 +82,28 @@ def setup(rank: int, world: int, port: int, model_path: str, load_plugins: bool)
     # The draft step's emulated collectives run on their own group with a bounded timeout (10 s).
     _ctx["path_group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=10))
     _ctx.update(rank=rank, world=world)
+    if os.environ.get(LOCAL_GATHER_ENV):
+        _install_local_gather(dist)
     from importlib.metadata import version
 
     return {"rank": rank, "sglang": version("sglang"), "setup_s": round(time.perf_counter() - t0, 2)}
+
+
+# Benchmarks: SGLang's MLP-sync all-gather replaced by a local copy, so a rank's round is timed without waiting on
+# (or spinning for) its peer. Never set by the tests.
+LOCAL_GATHER_ENV = "SGLANG_DP_MTP_FIX_HARNESS_LOCAL_GATHER"
+
+
+def _install_local_gather(dist: Any) -> None:
+    """STAND-IN for ``torch.distributed.all_gather_into_tensor`` (bench only): every slot of the gathered tensor gets
+    this rank's own row, as if every peer sent the same. The rest of SGLang's sync (its group objects, the tensors,
+    the decoding of the gathered rows) is unchanged."""
+
+    def all_gather_into_tensor(output: Any, input: Any, group: Any = None, async_op: bool = False) -> None:
+        rows = output.numel() // input.numel()
+        output.view(rows, input.numel()).copy_(input.reshape(1, -1).expand(rows, -1))
+
+    dist.all_gather_into_tensor = all_gather_into_tensor
 
 
 def _parameters(key: str, fn: Any) -> Any:
@@ -228,16 +247,26 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     adapter = AdapterStandIn(_ctx["world"], idle_batch, model_runner)
     scheduler = SchedulerStandIn(running, spec_worker, adapter)
     fn = SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run
+    c1 = time.thread_time()
     if (
         len(_parameters("get_next_disagg_decode_batch_to_run", fn)) > 1
     ):  # 0.5.16+: (self, running_batch) -> NextBatchPlan
         batch = fn(scheduler, running).batch_to_run
     else:  # 0.5.15.post1: (self) -> Optional[ScheduleBatch]
         batch = fn(scheduler)
+    # CPU time of SGLang's own round alone (get_next_disagg_decode_batch_to_run: the PD-decode round + MLP sync),
+    # without building this round's batch
+    round_cpu_ms = (time.thread_time() - c1) * 1e3
     sync_ms = (time.perf_counter() - t0) * 1e3
     sync_cpu_ms = (time.thread_time() - c0) * 1e3  # CPU time of this rank's round (excludes waiting on peers)
     if batch is None:  # nothing was gathered for this rank (no DP peers active)
-        return {"rank": rank, "ran": False, "sync_ms": sync_ms, "sync_cpu_ms": sync_cpu_ms}
+        return {
+            "rank": rank,
+            "ran": False,
+            "sync_ms": sync_ms,
+            "sync_cpu_ms": sync_cpu_ms,
+            "round_cpu_ms": round_cpu_ms,
+        }
 
     run_batch = getattr(batch, "inner_idle_batch", None) or batch
     decode_vote = bool(
@@ -280,6 +309,7 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
         "eager_cause": cause,
         "sync_ms": sync_ms,
         "sync_cpu_ms": sync_cpu_ms,
+        "round_cpu_ms": round_cpu_ms,
     }
 
 

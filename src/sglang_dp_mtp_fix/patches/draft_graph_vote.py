@@ -105,8 +105,14 @@ def local_draft_vote(local_batch: Any) -> bool:
     return not getattr(local_batch, FORCE_EAGER_ATTR, False)
 
 
+_PLUGIN_VALUES = frozenset((DECODE_NO, DECODE_YES_DRAFT_NO, DECODE_YES_DRAFT_YES))
+
+
 def decode_group_vote(column: list[int]) -> bool:
     """Group draft vote from the gathered decode-graph column; raises on ranks without the plugin."""
+    seen = set(column)
+    if seen <= _PLUGIN_VALUES:  # every round but a misconfigured one: two set operations
+        return DECODE_YES_DRAFT_NO not in seen
     stock = [rank for rank, value in enumerate(column) if value == STOCK_DECODE_YES]
     unknown = [
         rank
@@ -186,18 +192,29 @@ class DraftGraphVote(Patch):
             finally:
                 setattr(self, decode_field, decode_vote)
 
+        # SGLang's fallback row is constant (fingerprinted): encode it once per device and dtype and hand out copies
+        # (a fresh tensor per call, as SGLang's own; saves a tensor construction and an indexed write per round).
+        encoded_fallback: dict[tuple[str, str], Any] = {}
+
         @functools.wraps(fallback_row)
         def _get_fallback_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
-            row = fallback_row(self, *args, **kwargs)
-            row[DECODE_COLUMN] = DECODE_YES_DRAFT_YES  # inactive ranks vote yes
-            return row
+            key = (
+                str(args[0] if args else kwargs.get("device")),
+                str(args[1] if len(args) > 1 else kwargs.get("dtype")),
+            )
+            row = encoded_fallback.get(key)
+            if row is None:
+                row = fallback_row(self, *args, **kwargs)
+                row[DECODE_COLUMN] = DECODE_YES_DRAFT_YES  # inactive ranks vote yes
+                encoded_fallback[key] = row
+            return row.clone()
 
         @functools.wraps(gather)
         def all_gather(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = gather(self, *args, **kwargs)
             gathered = getattr(self, gathered_field)
             # <=0.5.17 keeps the gathered rows on the device: one small D2H here, none on 0.5.18+.
-            group_vote = decode_group_vote(gathered[:, DECODE_COLUMN].tolist())
+            group_vote = decode_group_vote([row[DECODE_COLUMN] for row in gathered.tolist()])
             sync = _sync_round.get()
             if sync is not None:
                 sync.group_vote = group_vote
