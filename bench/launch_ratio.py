@@ -1,0 +1,114 @@
+"""Real-launch decode cost: the plugin on vs off in real SGLang servers on CPU, side by side in one run, as a ratio.
+
+The launch tier's server (``tests/launch``: DP attention tp 2 / dp 2, PD decode with the fake transfer backend, NEXTN
+MTP, dummy weights, its named stand-ins) is started twice at once: the plugin applied (``auto``) and
+``SGLANG_DP_MTP_FIX=off``. Requests then alternate between the two, one at a time, in interleaved blocks (arm order
+flipped every block), so both arms see the same machine. Per request: wall time over its generated tokens (greedy,
+``ignore_eos``, ``--max-new-tokens`` each): the decode iterations dominate it. The plugin changes no token (launch
+tier b), so both arms run the same iterations. Output: medians per arm, their ratio, per-block ratios.
+
+    python bench/launch_ratio.py [--blocks 8] [--per-block 6] [--new-tokens 48]   (in a venv of one release)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "launch"))
+
+from launchlib import SGLANG_VERSION, Server, base_env, start_server  # noqa: E402
+
+
+def gaps_path(tmp: Path) -> str:
+    """The launch tier's stand-ins on PYTHONPATH, its helper plugin registered through a temp dist-info."""
+    from launchlib import HERE as LAUNCH
+
+    info = tmp / "entry-points" / "launch_cpu_gaps-0.0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: launch-cpu-gaps\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nlaunch_cpu_gaps = launch_cpu_gaps:register\n")
+    return os.pathsep.join([str(LAUNCH / "stubs"), str(LAUNCH / "cpu_gaps"), str(info.parent)])
+
+
+def per_token_ms(server: Server, room: int, new_tokens: int) -> float:
+    t0 = time.perf_counter()
+    out = server.generate([1, 5, 6, 7, 8], room, max_new_tokens=new_tokens)
+    assert out["meta_info"]["completion_tokens"] == new_tokens, out
+    return (time.perf_counter() - t0) * 1e3 / new_tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--per-block", type=int, default=6)
+    ap.add_argument("--new-tokens", type=int, default=48)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="launch-ratio-"))
+    gaps = gaps_path(tmp)
+    envs = {"plugin": base_env(gaps), "off": base_env(gaps, SGLANG_DP_MTP_FIX="off")}
+    servers: dict[str, Server] = {}
+    t_start = time.time()
+    try:
+        for arm, env in envs.items():  # one after the other: two launches at once on 2 cores double both start-ups
+            servers[arm] = start_server(arm, tmp, env)
+            if not servers[arm].wait_ready():
+                raise SystemExit(f"{arm}: server never became ready; log tail:\n{servers[arm].log[-3000:]}")
+        room = 5000
+        for arm in servers:  # warm-up: first requests pay one-off costs
+            for _ in range(2):
+                per_token_ms(servers[arm], room := room + 1, args.new_tokens)
+        samples: dict[str, list[float]] = {arm: [] for arm in servers}
+        block_ratios = []
+        for block in range(args.blocks):
+            order = ("plugin", "off") if block % 2 == 0 else ("off", "plugin")
+            got = {}
+            for arm in order:
+                got[arm] = [
+                    per_token_ms(servers[arm], room := room + 1, args.new_tokens) for _ in range(args.per_block)
+                ]
+                samples[arm].extend(got[arm])
+            block_ratios.append(round(statistics.median(got["plugin"]) / statistics.median(got["off"]), 4))
+        statuses = {
+            arm: [line for line in s.log.splitlines() if "sglang-dp-mtp-fix 0" in line and " DP0 TP0]" in line][:1]
+            for arm, s in servers.items()
+        }
+    finally:
+        for s in servers.values():
+            s.stop()
+    med = {arm: statistics.median(v) for arm, v in samples.items()}
+    result = {
+        "sglang_version": SGLANG_VERSION,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg()},
+        "what": "ms per generated token of a greedy request, one at a time, plugin applied vs SGLANG_DP_MTP_FIX=off",
+        "new_tokens": args.new_tokens,
+        "median_ms_per_token": med,
+        "ratio": round(med["plugin"] / med["off"], 4),
+        "block_ratios": block_ratios,
+        "samples_per_arm": len(samples["plugin"]),
+        "report_lines": statuses,
+        "wall_s": round(time.time() - t_start, 1),
+    }
+    out = HERE / "results" / f"launch-ratio-{SGLANG_VERSION}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("median_ms_per_token", "ratio", "block_ratios", "wall_s")}))
+    print(f"wrote {out}")
+
+
+def _cpu() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()
