@@ -24,18 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "launch"))
 
-from launchlib import SGLANG_VERSION, Server, base_env, start_server  # noqa: E402
-
-
-def gaps_path(tmp: Path) -> str:
-    """The launch tier's stand-ins on PYTHONPATH, its helper plugin registered through a temp dist-info."""
-    from launchlib import HERE as LAUNCH
-
-    info = tmp / "entry-points" / "launch_cpu_gaps-0.0.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: launch-cpu-gaps\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nlaunch_cpu_gaps = launch_cpu_gaps:register\n")
-    return os.pathsep.join([str(LAUNCH / "stubs"), str(LAUNCH / "cpu_gaps"), str(info.parent)])
+from launchlib import SGLANG_VERSION, Server, base_env, gaps_pythonpath, start_server  # noqa: E402
 
 
 def per_token_ms(server: Server, room: int, new_tokens: int) -> float:
@@ -52,7 +41,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="launch-ratio-"))
-    gaps = gaps_path(tmp)
+    gaps = gaps_pythonpath(tmp / "entry-points")
     envs = {"plugin": base_env(gaps), "off": base_env(gaps, SGLANG_DP_MTP_FIX="off")}
     servers: dict[str, Server] = {}
     t_start = time.time()

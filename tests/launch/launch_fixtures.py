@@ -7,23 +7,17 @@ modules import these fixtures; the root conftest prints the timings."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import pytest
-from launchlib import HERE, SGLANG_VERSION
+from launchlib import SGLANG_VERSION, gaps_pythonpath
 
 
 @pytest.fixture(scope="session")
 def gaps_path(tmp_path_factory) -> str:
-    """PYTHONPATH entries for the two stand-ins; the helper plugin's entry point lives in a temp dist-info."""
-    ep = tmp_path_factory.mktemp("launch-entry-points")
-    info = ep / "launch_cpu_gaps-0.0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: launch-cpu-gaps\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nlaunch_cpu_gaps = launch_cpu_gaps:register\n")
-    return os.pathsep.join([str(HERE / "stubs"), str(HERE / "cpu_gaps"), str(ep)])
+    """PYTHONPATH entries for the two stand-ins (``launchlib.gaps_pythonpath``)."""
+    return gaps_pythonpath(tmp_path_factory.mktemp("launch-entry-points"))
 
 
 @pytest.fixture(scope="session")

@@ -120,6 +120,16 @@ def free_port_block(width: int = 40) -> int:
     raise RuntimeError("no free port block on 127.0.0.1")
 
 
+def gaps_pythonpath(tmp: Path) -> str:
+    """PYTHONPATH entries for the two stand-ins; the helper plugin's entry point lives in a dist-info under ``tmp``
+    (never in the venv)."""
+    info = tmp / "launch_cpu_gaps-0.0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: launch-cpu-gaps\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nlaunch_cpu_gaps = launch_cpu_gaps:register\n")
+    return os.pathsep.join([str(HERE / "stubs"), str(HERE / "cpu_gaps"), str(tmp)])
+
+
 def base_env(gaps: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_DP_MTP_FIX", "SGLANG_PLUGINS"))}
     # LAUNCH_PLUGIN_SRC=<dir>: run the tier against another build of the plugin (its src dir first on the path), e.g.
