@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,13 +96,15 @@ def _generate(port: int, rid: str, rank: int, room: int, max_new_tokens: int) ->
         return json.loads(resp.read())
 
 
-def _probe_launch(name: str, tmp: Path, path: str, timings: dict, **extra: str) -> ProbeLaunch:
+def _probe_launch(
+    name: str, tmp: Path, path: str, timings: dict, args: Sequence[str] = (), **extra: str
+) -> ProbeLaunch:
     records = tmp / f"{name}-records"
     records.mkdir()
     probe = {"LAUNCH_VOTE_PROBE_DIR": str(records), "LAUNCH_VOTE_PROBE_EAGER_RANK": str(EAGER_RANK),
              "LAUNCH_VOTE_PROBE_EAGER_RID": EAGER_RID}  # fmt: skip
     env = base_env(path, SGLANG_PLUGINS=PLUGINS, **probe, **extra)
-    server = start_server(name, tmp, env)
+    server = start_server(name, tmp, env, args)
     outputs: dict[str, dict] = {}
     try:
         t0 = time.monotonic()

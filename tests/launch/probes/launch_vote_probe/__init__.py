@@ -27,8 +27,9 @@ its). It does three things to SGLang, all outside the plugin, in every scheduler
    ``eagle_worker_v2``, which imported it by name), one JSON line per draft step to
    ``$LAUNCH_VOTE_PROBE_DIR/rank<R>.jsonl``: the round, the batch (mode, rids), what the draft ForwardBatch carries
    (``can_run_dp_draft_cuda_graph`` - the plugin's vote, absent with the plugin off - and the generic
-   ``can_run_decode_cuda_graph``), whether a graph runner exists, whether the plugin asked this rank's hook and what it
-   answered, and what this rank's worker needs. Plus one ``meta`` line per rank at install.
+   ``can_run_decode_cuda_graph``; ``can_run_dp_cuda_graph`` on older releases), whether a graph runner exists,
+   whether the plugin asked this rank's hook and what it answered, and what this rank's worker needs. Plus one
+   ``meta`` line per rank at install.
 
 Installed at the end of ``Scheduler.maybe_init_draft_worker`` (``register`` wraps that method, which the plugin does
 not target): by then SGLang's ``load_plugins()`` has run every plugin, so the plugin resolved and fingerprinted its
@@ -106,6 +107,7 @@ def requires_dp_attention_eager_forward(batch: Any) -> bool:
 
 def _install(scheduler: Any) -> None:
     from sglang.srt.managers.scheduler_components import dp_attn
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.speculative import eagle_worker_common, eagle_worker_v2
 
     _State.rank = int(scheduler.ps.attn_dp_rank)
@@ -136,7 +138,14 @@ def _install(scheduler: Any) -> None:
 
     dp_attn.prepare_mlp_sync_batch_raw = prepare_mlp_sync_batch_raw
 
-    prepare = eagle_worker_v2.prepare_for_draft
+    # 0.5.16+: a module function imported by name into eagle_worker_v2. 0.5.15.post1 has it as a method of
+    # base_spec_worker.EagleDraftWorkerBase: not probed yet (that release does not launch on CPU here), so say so.
+    prepare = eagle_worker_v2.__dict__.get("prepare_for_draft")
+    if prepare is None:
+        raise RuntimeError("launch_vote_probe: eagle_worker_v2 has no module-level prepare_for_draft on this release")
+    # the generic vote on ForwardBatch: can_run_decode_cuda_graph from 0.5.19, can_run_dp_cuda_graph before
+    fields = getattr(ForwardBatch, "__dataclass_fields__", {})
+    generic_field = "can_run_decode_cuda_graph" if "can_run_decode_cuda_graph" in fields else "can_run_dp_cuda_graph"
 
     @functools.wraps(prepare)
     def prepare_for_draft(draft_input: Any, req_to_token_pool: Any, batch: Any, cuda_graph_runner: Any, *rest: Any,
@@ -153,7 +162,7 @@ def _install(scheduler: Any) -> None:
                 "mode": batch.forward_mode.name,
                 "rids": _rids(batch),
                 "vote": None if vote is _MISSING else bool(vote),
-                "generic": bool(forward_batch.can_run_decode_cuda_graph),
+                "generic": bool(getattr(forward_batch, generic_field)),
                 "graph_runner": cuda_graph_runner is not None,
                 "can_run": bool(can_run),
                 "asked": info.get("asked"),
