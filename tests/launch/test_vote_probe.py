@@ -1,0 +1,254 @@
+"""c. The vote through real schedulers: a real CPU launch in the tier's shape (DP attention 2, PD decode, NEXTN MTP),
+with the test-only probe ``probes/launch_vote_probe`` selected (its header says what it does and why it is no
+stand-in for the plugin): DP rank 0's speculative worker declares, through the upstream hook
+``requires_dp_attention_eager_forward``, that its batches holding a request with a chosen rid need a rank-consistent
+eager draft; the probe lifts ``--disable-cuda-graph`` for the MLP-sync vote alone (CPU has no graph runner, every
+batch still runs eager) and records, per rank, per MLP-sync round, what each draft step's ForwardBatch carries.
+
+Two launches shared by the assertions: patched (the plugin on) and off (``SGLANG_DP_MTP_FIX=off``, the same probe, the
+control). Requests are routed to chosen DP ranks (``routed_dp_rank``) in three phases: both ranks busy with the chosen
+request on rank 0 among them (chosen rounds with both ranks decoding, then plain rounds once it is done), the chosen
+request alone on rank 0 (rank 1 idle: the #32209 case of an idle rank replaying the graph), a plain request alone on
+rank 1. Overlap scheduling: SGLang 0.5.20 turns it off for speculative decoding on CPU (asserted below)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from launch_fixtures import gaps_path, launch_timings, launch_tmp  # noqa: F401 - fixtures
+from launchlib import AFFECTED, HERE, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION, SHAPE, base_env, start_server
+
+pytestmark = [
+    pytest.mark.skipif(
+        SGLANG_VERSION not in LAUNCHES_HERE,
+        reason=f"SGLang {SGLANG_VERSION} does not launch on CPU here yet: {NOT_YET.get(SGLANG_VERSION, 'not tried')}",
+    ),
+    pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason="c needs the plugin applied (an affected release)"),
+]
+
+PLUGINS = "dp_mtp_fix,launch_cpu_gaps,launch_vote_probe"
+EAGER_RANK = 0
+EAGER_RID = "vote-probe-eager"
+# (rid, DP rank, new tokens): phases sent one after the other, the requests of a phase at once.
+PHASES = [
+    [("plain-0a", 0, 24), (f"{EAGER_RID}-0a", 0, 8), ("plain-1a", 1, 24), ("plain-1b", 1, 8)],
+    [(f"{EAGER_RID}-0b", 0, 6)],
+    [("plain-1c", 1, 6)],
+]
+CPU_NO_OVERLAP = "Overlap schedule is not implemented for speculative decoding on CPU."  # SGLang's own warning
+
+
+@pytest.fixture(scope="session")
+def probe_path(gaps_path, tmp_path_factory) -> str:
+    """The tier's stand-ins plus the probe, registered like launch_cpu_gaps (a dist-info in a temp dir)."""
+    ep = tmp_path_factory.mktemp("vote-probe-entry-point")
+    info = ep / "launch_vote_probe-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: launch-vote-probe\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nlaunch_vote_probe = launch_vote_probe:register\n")
+    return ":".join([gaps_path, str(HERE / "probes"), str(ep)])
+
+
+@dataclass
+class ProbeLaunch:
+    log: str
+    outputs: dict[str, dict]  # rid -> /generate response
+    meta: dict[int, dict]  # rank -> the probe's meta line
+    drafts: list[dict]  # every draft-step record of both ranks
+
+    def by_round(self) -> dict[int, dict[int, dict]]:
+        """round -> rank -> that rank's draft-step record."""
+        out: dict[int, dict[int, dict]] = {}
+        for rec in self.drafts:
+            assert rec["rank"] not in out.get(rec["round"], {}), ("two draft steps in one round", rec)
+            out.setdefault(rec["round"], {})[rec["rank"]] = rec
+        return out
+
+    def chosen_rounds(self) -> set[int]:
+        """The rounds where the eager rank's worker needs a rank-consistent eager draft (what its hook says)."""
+        return {r["round"] for r in self.drafts if r["rank"] == EAGER_RANK and r["needs_eager"]}
+
+
+def _generate(port: int, rid: str, rank: int, room: int, max_new_tokens: int) -> dict:
+    body = {
+        "rid": rid,
+        "routed_dp_rank": rank,
+        # PD decode needs a bootstrap peer; "2.2.2.2" is SGLang's fake-transfer marker (never contacted). The room's
+        # parity names the same rank, should the router follow the room.
+        "bootstrap_host": "2.2.2.2",
+        "bootstrap_room": room,
+        "input_ids": [1, 5 + room % 50, 6, 7],
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=180) as resp:
+        return json.loads(resp.read())
+
+
+def _probe_launch(
+    name: str, tmp: Path, path: str, timings: dict, args: Sequence[str] = (), **extra: str
+) -> ProbeLaunch:
+    records = tmp / f"{name}-records"
+    records.mkdir()
+    probe = {"LAUNCH_VOTE_PROBE_DIR": str(records), "LAUNCH_VOTE_PROBE_EAGER_RANK": str(EAGER_RANK),
+             "LAUNCH_VOTE_PROBE_EAGER_RID": EAGER_RID}  # fmt: skip
+    env = base_env(path, SGLANG_PLUGINS=PLUGINS, **probe, **extra)
+    server = start_server(name, tmp, env, args)
+    outputs: dict[str, dict] = {}
+    try:
+        t0 = time.monotonic()
+        if not server.wait_ready():
+            pytest.fail(f"{name}: server never became ready; log tail:\n{server.log[-4000:]}")
+        room = 4000
+        for phase in PHASES:
+            with ThreadPoolExecutor(len(phase)) as pool:
+                futures = {}
+                for rid, rank, n in phase:
+                    room += 2 - (room - rank) % 2  # room % 2 == rank
+                    futures[rid] = pool.submit(_generate, server.port, rid, rank, room, n)
+                outputs.update({rid: f.result() for rid, f in futures.items()})
+        time.sleep(1.0)  # the last records and log lines flush
+        timings[name] = round(time.monotonic() - t0, 1)
+        timings[f"{name}_ready"] = round(server.ready_s or 0, 1)
+    finally:
+        server.stop()
+        assert not server.group_alive(), f"{name}: processes left behind"
+    lines = [json.loads(line) for p in sorted(records.glob("rank*.jsonl")) for line in p.read_text().splitlines()]
+    meta = {rec["rank"]: rec for rec in lines if rec["kind"] == "meta"}
+    return ProbeLaunch(server.log, outputs, meta, [rec for rec in lines if rec["kind"] == "draft"])
+
+
+@pytest.fixture(scope="module")
+def patched(probe_path, launch_tmp, launch_timings) -> ProbeLaunch:
+    return _probe_launch("c-patched", launch_tmp, probe_path, launch_timings)
+
+
+@pytest.fixture(scope="module")
+def off(probe_path, launch_tmp, launch_timings) -> ProbeLaunch:
+    return _probe_launch("c-off", launch_tmp, probe_path, launch_timings, SGLANG_DP_MTP_FIX="off")
+
+
+def would_be_graph(rec: dict) -> bool:
+    """The draft path this rank would take with a captured draft graph: ``EAGLEDraftCudaGraphRunner.can_run_graph``
+    reads the generic vote (``can_run_decode_cuda_graph``; the batch sizes here are within any capture list) and,
+    with the plugin, its vote (absent: the runner has no such gate); ``EagleDraftWorker.draft`` then falls back to
+    eager on its own when this rank's batch needs it (the seedless guard, which the declared need stands for)."""
+    return rec["generic"] and rec["vote"] is not False and not rec["needs_eager"]
+
+
+def assert_probe_saw_a_real_cpu_launch(launch: ProbeLaunch, plugin_on: bool) -> None:
+    assert set(launch.meta) == {0, 1}, launch.log[-4000:]
+    for rank, meta in launch.meta.items():
+        assert meta["worker"] == "EAGLEWorkerV2", meta
+        assert meta["hook_on_instance"] == (rank == EAGER_RANK), meta  # the need is declared on rank 0 only
+        assert meta["hook_on_class"] == plugin_on, meta  # the plugin adds the hook to EAGLEWorkerV2; off: nothing
+        assert not meta["draft_graph_runner"] and not meta["target_decode_graph_runner"], meta  # CPU: no graphs
+    assert {r["rank"] for r in launch.drafts} == {0, 1}
+    for rec in launch.drafts:
+        assert rec["round"] is not None, rec  # every draft step's batch came through the counted MLP sync
+        assert rec["disable_cuda_graph_given"] is True, rec  # the tier's --disable-cuda-graph reached the vote ...
+        assert not rec["graph_runner"] and not rec["can_run"], rec  # ... and every draft step ran eager anyway
+    for rid, rank, n in (req for phase in PHASES for req in phase):
+        out = launch.outputs[rid]
+        assert out["meta_info"]["dp_rank"] == rank and len(out["output_ids"]) == n, (rid, out["meta_info"])
+    assert "Traceback" not in launch.log, launch.log[-4000:]
+
+
+def assert_rounds_line_up_and_cover_the_cases(launch: ProbeLaunch) -> None:
+    rounds = launch.by_round()
+    assert all(set(per_rank) == {0, 1} for per_rank in rounds.values()), {
+        r: sorted(p) for r, p in rounds.items() if set(p) != {0, 1}
+    }
+    chosen = launch.chosen_rounds()
+    mode = {r: {rank: rec["mode"] for rank, rec in per_rank.items()} for r, per_rank in rounds.items()}
+    both = {"DECODE"}
+    # chosen rounds with rank 1 decoding and with rank 1 idle; plain rounds with both ranks decoding
+    assert any(set(mode[r].values()) == both for r in chosen), mode
+    assert any(mode[r] == {0: "DECODE", 1: "IDLE"} for r in chosen), mode
+    assert any(set(mode[r].values()) == both for r in set(rounds) - chosen), mode
+    for rec in launch.drafts:
+        assert rec["generic"] is True, rec  # the lifted generic vote: yes on every rank, every round
+        # the chosen rounds are exactly those where rank 0's batch holds the marked request (its hook's answer)
+        assert rec["needs_eager"] == (rec["rank"] == EAGER_RANK and any(x.startswith(EAGER_RID) for x in rec["rids"]))
+
+
+# --- patched: every rank's draft ForwardBatch carries the group vote -------------------------------------------------
+
+
+def test_c_patched_probe_runs_in_a_real_cpu_launch(patched):
+    assert_probe_saw_a_real_cpu_launch(patched, plugin_on=True)
+    assert_rounds_line_up_and_cover_the_cases(patched)
+
+
+def test_c_patched_plugin_asks_the_eager_ranks_worker_every_decode_round(patched):
+    for rec in patched.drafts:
+        if rec["rank"] == EAGER_RANK and rec["mode"] == "DECODE":
+            # asked through the instance attribute (the probe's hook records the call), before that round's sync
+            assert rec["asked"] is not None and rec["asked"] == rec["needs_eager"] == rec["plugin_flag"], rec
+        else:
+            assert rec["asked"] is None, rec  # idle batches are built inside the sync; rank 1 has no probe hook
+        # the plugin's mark on the batch: the hook's answer on rank 0, its own predicate (no DSA: False) on rank 1,
+        # the class default on idle batches
+        assert rec["plugin_flag"] == rec["needs_eager"], rec
+
+
+def test_c_patched_group_vote_is_false_in_exactly_the_chosen_rounds_on_every_rank(patched):
+    chosen = patched.chosen_rounds()
+    assert chosen, "no chosen round: the eager rank never decoded the marked request"
+    wrong = [(r["rank"], r["round"], r["mode"], r["vote"]) for r in patched.drafts
+             if r["vote"] != (r["round"] not in chosen)]  # fmt: skip
+    assert not wrong, (sorted(chosen), wrong)
+
+
+def test_c_patched_ranks_would_take_the_same_draft_path_every_round(patched):
+    split = {r: {k: would_be_graph(v) for k, v in p.items()} for r, p in patched.by_round().items()}
+    assert all(len(set(paths.values())) == 1 for paths in split.values()), {
+        r: p for r, p in split.items() if len(set(p.values())) > 1
+    }
+    assert {r for r, paths in split.items() if not paths[0]} == patched.chosen_rounds()
+
+
+# --- control: the same probe with the plugin off -------------------------------------------------------------------
+
+
+def test_c_off_probe_runs_in_a_real_cpu_launch(off):
+    assert_probe_saw_a_real_cpu_launch(off, plugin_on=False)
+    assert_rounds_line_up_and_cover_the_cases(off)
+
+
+def test_c_off_no_vote_is_carried_and_nobody_asks_the_worker(off):
+    assert all(r["vote"] is None and r["asked"] is None and r["plugin_flag"] is None for r in off.drafts)
+
+
+def test_c_off_ranks_split_in_exactly_the_chosen_rounds(off):
+    """#32209's first failure mode: the rank needing eager drafts eagerly, the other rank would replay the graph."""
+    rounds = off.by_round()
+    chosen = off.chosen_rounds()
+    assert chosen
+    for r, per_rank in rounds.items():
+        paths = {rank: would_be_graph(rec) for rank, rec in per_rank.items()}
+        assert paths == ({0: False, 1: True} if r in chosen else {0: True, 1: True}), (r, per_rank)
+
+
+# --- overlap scheduling ----------------------------------------------------------------------------------------------
+
+
+def test_c_overlap_scheduling_is_off_on_cpu_by_sglangs_own_rule(patched, off):
+    """The tier asks for overlap (SGLang's default: no --disable-overlap-schedule), SGLang turns it off for speculative
+    decoding on CPU with this warning (``_disable_overlap_schedule_for_cpu``), so c runs without overlap. Should a
+    release allow it, this fails and c needs an overlap arm."""
+    assert "--disable-overlap-schedule" not in SHAPE
+    for launch in (patched, off):
+        assert CPU_NO_OVERLAP in launch.log
+        assert not any(meta["enable_overlap"] for meta in launch.meta.values()), launch.meta
