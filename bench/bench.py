@@ -215,7 +215,15 @@ def main() -> None:
         activation_only()
         return
     if "--sync-local" in sys.argv[1:]:
-        print(json.dumps(sync_path_local(rounds=400), indent=1))
+        from importlib.metadata import version
+
+        release = version("sglang")
+        result = {"sglang_version": release, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+                  "load_avg_before": os.getloadavg(), **sync_path_local(rounds=400),
+                  "load_avg_after": os.getloadavg()}  # fmt: skip
+        out = HERE / "results" / f"sync-local-{release}.json"
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result, indent=1))
         return
     release = version("sglang")
     t0 = time.time()
