@@ -41,7 +41,7 @@ FULL = ("0.5.15.post1", "0.5.17", "0.5.20")
 STAND_DOWN = ("0.5.23", "0.5.15")
 # Releases whose launch in this shape has been made to run here. The others stop in SGLang's CPU path before the
 # plugin matters (seen on 0.5.17, the stand-ins' gaps not yet filled there), so their scenarios skip, naming why:
-LAUNCHES_HERE = ("0.5.20", "0.5.23")
+LAUNCHES_HERE = ("0.5.19", "0.5.20", "0.5.23")
 if os.environ.get("LAUNCH_TIER_TRY") and SGLANG_VERSION:  # developers: try the tier on a release not listed yet
     LAUNCHES_HERE = (*LAUNCHES_HERE, SGLANG_VERSION)
 NOT_YET = {
@@ -292,12 +292,18 @@ class Launch:
         return [json.loads(p.read_text()) for p in sorted(self.report_dir.glob("sglang-dp-mtp-fix-*.json"))]
 
 
+# SGLang publishes its scheduler gauges (sglang:num_running_reqs, ...) only every --decode-log-interval decode batches
+# (default 40) or after 30 s idle, so whether they are on /metrics when scraped depended on the launch's timing (seen on
+# 0.5.19: present in one launch, absent in the next). Every decode batch publishes them with 1.
+METRICS = ["--enable-metrics", "--decode-log-interval", "1"]
+
+
 def serve(name: str, tmp: Path, env: dict[str, str], timings: dict, pd: bool = True, metrics: bool = False) -> Launch:
     """``metrics``: launch with SGLang's --enable-metrics and scrape /metrics once ready and after the requests."""
     report_dir = tmp / f"{name}-reports"
     report_dir.mkdir()
     env = {**env, "SGLANG_DP_MTP_FIX_REPORT_DIR": str(report_dir)}
-    server = start_server(name, tmp, env, ["--enable-metrics"] if metrics else [], pd=pd)
+    server = start_server(name, tmp, env, METRICS if metrics else [], pd=pd)
     try:
         t0 = time.monotonic()
         if not server.wait_ready():
