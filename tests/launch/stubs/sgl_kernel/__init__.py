@@ -184,7 +184,10 @@ def _decode_attention(query, k_cache, v_cache, k_scale, v_scale, output, key, va
     if key is not None:  # the kernel stores this step's KV itself
         k_cache[loc] = key.to(k_cache.dtype)
         v_cache[loc] = value.to(v_cache.dtype)
-    n = min(seq_lens.shape[0], query.shape[0])  # DP padding can leave extra query rows: zero, as the kernel leaves them
+    # DP padding can leave extra query rows: zero, as the kernel leaves them. 0.5.18's draft decode passes the forward
+    # batch's padded seq_lens with the draft metadata's unpadded req_pool_indices (its forward_decode overrides the
+    # draft seq_lens): the rows past those indices are padding too.
+    n = min(seq_lens.shape[0], query.shape[0], req_pool_indices.shape[0])
     output[n:] = 0
     for i in range(n):
         toks = req_to_token[int(req_pool_indices[i]), : int(seq_lens[i])].long()
@@ -196,7 +199,13 @@ def _extend_attention(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer
                          logit_cap=0.0, is_cross=False, sliding_window=0, encoder_lens=None, sinks=None,
                          tree_mask=None, is_causal=True):  # fmt: skip
     _refuse_extras(logit_cap, is_cross, sliding_window, sinks, tree_mask)
-    for i in range(seq_lens.shape[0]):
+    # 0.5.18 passes the forward batch's DP-padded seq_lens with the unpadded extend metadata (see decode): rows past
+    # that metadata are padding, their output rows zero.
+    n = min(seq_lens.shape[0], extend_seq_lens.shape[0], req_pool_indices.shape[0])
+    if n < seq_lens.shape[0]:
+        written = int(extend_start_loc[n - 1]) + int(extend_seq_lens[n - 1]) if n else 0
+        o_extend[written:] = 0
+    for i in range(n):
         total, ext, start = int(seq_lens[i]), int(extend_seq_lens[i]), int(extend_start_loc[i])
         prefix = total - ext
         toks = req_to_token[int(req_pool_indices[i]), :total].long()
