@@ -41,7 +41,7 @@ FULL = ("0.5.15.post1", "0.5.17", "0.5.20")
 STAND_DOWN = ("0.5.23", "0.5.15")
 # Releases whose launch in this shape has been made to run here. The others stop in SGLang's CPU path before the
 # plugin matters (seen on 0.5.17, the stand-ins' gaps not yet filled there), so their scenarios skip, naming why:
-LAUNCHES_HERE = ("0.5.18", "0.5.19", "0.5.20", "0.5.23")
+LAUNCHES_HERE = ("0.5.16", "0.5.18", "0.5.19", "0.5.20", "0.5.23")
 if os.environ.get("LAUNCH_TIER_TRY") and SGLANG_VERSION:  # developers: try the tier on a release not listed yet
     LAUNCHES_HERE = (*LAUNCHES_HERE, SGLANG_VERSION)
 NOT_YET = {
