@@ -40,14 +40,16 @@ FULL = ("0.5.15.post1", "0.5.17", "0.5.20")
 # f: the plugin stands down (superseded / not affected).
 STAND_DOWN = ("0.5.23", "0.5.15")
 # Releases whose launch in this shape has been made to run here. The others stop in SGLang's CPU path before the
-# plugin matters (seen on 0.5.17, the stand-ins' gaps not yet filled there), so their scenarios skip, naming why:
-LAUNCHES_HERE = ("0.5.16", "0.5.18", "0.5.19", "0.5.20", "0.5.23")
+# plugin matters, so their scenarios skip, naming why:
+LAUNCHES_HERE = ("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.23")
 if os.environ.get("LAUNCH_TIER_TRY") and SGLANG_VERSION:  # developers: try the tier on a release not listed yet
     LAUNCHES_HERE = (*LAUNCHES_HERE, SGLANG_VERSION)
 NOT_YET = {
-    "0.5.17": "warm-up: ForwardBatch._pad_inputs_to_size calls attn_backend.get_cuda_graph_seq_len_fill_value() -> "
-    "NotImplementedError (base_attn_backend.py); with that filled: 'RuntimeError: pin_memory=True requires a CUDA or "
-    "other accelerator backend' (0.5.17 has no --disaggregation-decode-retraction-backup)",
+    "0.5.15.post1": "scheduler start: 'RuntimeError: 0 active drivers ([]). There should only be one.' (the KV pool's "
+    "Triton warm-up, copy_all_layer_kv_cache_tiled, runs on every device); with that stood in (tried, not kept): "
+    "'ValueError: EAGLE is not supported in decode attention backend intel_amx' - 0.5.15.post1 has no EAGLE/NEXTN "
+    "draft attention backend for CPU at all (IntelAMXMultiStepDraftBackend arrives in 0.5.16), which no stand-in "
+    "of a kernel can supply",
 }
 
 HERE = Path(__file__).resolve().parent
@@ -64,7 +66,7 @@ SHAPE = [
 ]  # fmt: skip
 
 
-def _release_reads(module: str, name: str) -> bool:
+def release_reads(module: str, name: str) -> bool:
     """Whether this release's ``module`` reads the server setting ``name`` (its source: importing costs seconds)."""
     import importlib.util
 
@@ -80,9 +82,9 @@ def _release_reads(module: str, name: str) -> bool:
 PD_DECODE = [
     "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
     *(["--disaggregation-decode-retraction-backup", "cpu_tensor"]
-      if _release_reads("sglang.srt.disaggregation.decode", "disaggregation_decode_retraction_backup") else []),
+      if release_reads("sglang.srt.disaggregation.decode", "disaggregation_decode_retraction_backup") else []),
     *(["--no-enable-tp-lm-head-all-to-all"]
-      if _release_reads("sglang.srt.layers.logits_processor", "enable_tp_lm_head_all_to_all") else []),
+      if release_reads("sglang.srt.layers.logits_processor", "enable_tp_lm_head_all_to_all") else []),
 ]  # fmt: skip
 # b (no harm) compares tokens across launches, so it runs without PD decode: the fake transfer backend moves nothing
 # (FakeKVReceiver.poll reports success at once), so the prompt's KV cache and the first token on a decode node are
