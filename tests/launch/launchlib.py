@@ -6,7 +6,7 @@ Every server runs in its own process group (``start_new_session``); waits are bo
 (SIGTERM, then SIGKILL) so no server outlives its fixture. Launches are module-scoped and shared between scenarios.
 
 Stand-ins (only where nothing real can run here; each file says why): ``stubs/sgl_kernel`` (SGLang's CPU kernels need
-an AVX-512/AMX source build) and ``cpu_gaps/launch_cpu_gaps`` (four CPU-only gaps of the torch_native path), the
+an AVX-512/AMX source build) and ``cpu_gaps/launch_cpu_gaps`` (the CPU-only gaps of the torch_native path), the
 latter registered as an SGLang plugin through a dist-info written into a temp dir on PYTHONPATH, never into the venv.
 The plugin under test is the installed ``sglang-dp-mtp-fix``, loaded by SGLang's own ``load_plugins()``.
 """
