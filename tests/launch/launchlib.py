@@ -6,7 +6,7 @@ Every server runs in its own process group (``start_new_session``); waits are bo
 (SIGTERM, then SIGKILL) so no server outlives its fixture. Launches are module-scoped and shared between scenarios.
 
 Stand-ins (only where nothing real can run here; each file says why): ``stubs/sgl_kernel`` (SGLang's CPU kernels need
-an AVX-512/AMX source build) and ``cpu_gaps/launch_cpu_gaps`` (four CPU-only gaps of the torch_native path), the
+an AVX-512/AMX source build) and ``cpu_gaps/launch_cpu_gaps`` (the CPU-only gaps of the torch_native path), the
 latter registered as an SGLang plugin through a dist-info written into a temp dir on PYTHONPATH, never into the venv.
 The plugin under test is the installed ``sglang-dp-mtp-fix``, loaded by SGLang's own ``load_plugins()``.
 """
@@ -40,14 +40,16 @@ FULL = ("0.5.15.post1", "0.5.17", "0.5.20")
 # f: the plugin stands down (superseded / not affected).
 STAND_DOWN = ("0.5.23", "0.5.15")
 # Releases whose launch in this shape has been made to run here. The others stop in SGLang's CPU path before the
-# plugin matters (seen on 0.5.17, the stand-ins' gaps not yet filled there), so their scenarios skip, naming why:
-LAUNCHES_HERE = ("0.5.20", "0.5.23")
+# plugin matters, so their scenarios skip, naming why:
+LAUNCHES_HERE = ("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.23")
 if os.environ.get("LAUNCH_TIER_TRY") and SGLANG_VERSION:  # developers: try the tier on a release not listed yet
     LAUNCHES_HERE = (*LAUNCHES_HERE, SGLANG_VERSION)
 NOT_YET = {
-    "0.5.17": "warm-up: ForwardBatch._pad_inputs_to_size calls attn_backend.get_cuda_graph_seq_len_fill_value() -> "
-    "NotImplementedError (base_attn_backend.py); with that filled: 'RuntimeError: pin_memory=True requires a CUDA or "
-    "other accelerator backend' (0.5.17 has no --disaggregation-decode-retraction-backup)",
+    "0.5.15.post1": "scheduler start: 'RuntimeError: 0 active drivers ([]). There should only be one.' (the KV pool's "
+    "Triton warm-up, copy_all_layer_kv_cache_tiled, runs on every device); with that stood in (tried, not kept): "
+    "'ValueError: EAGLE is not supported in decode attention backend intel_amx' - 0.5.15.post1 has no EAGLE/NEXTN "
+    "draft attention backend for CPU at all (IntelAMXMultiStepDraftBackend arrives in 0.5.16), which no stand-in "
+    "of a kernel can supply",
 }
 
 HERE = Path(__file__).resolve().parent
@@ -64,7 +66,7 @@ SHAPE = [
 ]  # fmt: skip
 
 
-def _release_reads(module: str, name: str) -> bool:
+def release_reads(module: str, name: str) -> bool:
     """Whether this release's ``module`` reads the server setting ``name`` (its source: importing costs seconds)."""
     import importlib.util
 
@@ -80,9 +82,9 @@ def _release_reads(module: str, name: str) -> bool:
 PD_DECODE = [
     "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake",
     *(["--disaggregation-decode-retraction-backup", "cpu_tensor"]
-      if _release_reads("sglang.srt.disaggregation.decode", "disaggregation_decode_retraction_backup") else []),
+      if release_reads("sglang.srt.disaggregation.decode", "disaggregation_decode_retraction_backup") else []),
     *(["--no-enable-tp-lm-head-all-to-all"]
-      if _release_reads("sglang.srt.layers.logits_processor", "enable_tp_lm_head_all_to_all") else []),
+      if release_reads("sglang.srt.layers.logits_processor", "enable_tp_lm_head_all_to_all") else []),
 ]  # fmt: skip
 # b (no harm) compares tokens across launches, so it runs without PD decode: the fake transfer backend moves nothing
 # (FakeKVReceiver.poll reports success at once), so the prompt's KV cache and the first token on a decode node are
@@ -302,12 +304,18 @@ class Launch:
         return [json.loads(p.read_text()) for p in sorted(self.report_dir.glob("sglang-dp-mtp-fix-*.json"))]
 
 
+# SGLang publishes its scheduler gauges (sglang:num_running_reqs, ...) only every --decode-log-interval decode batches
+# (default 40) or after 30 s idle, so whether they are on /metrics when scraped depended on the launch's timing (seen on
+# 0.5.19: present in one launch, absent in the next). Every decode batch publishes them with 1.
+METRICS = ["--enable-metrics", "--decode-log-interval", "1"]
+
+
 def serve(name: str, tmp: Path, env: dict[str, str], timings: dict, pd: bool = True, metrics: bool = False) -> Launch:
     """``metrics``: launch with SGLang's --enable-metrics and scrape /metrics once ready and after the requests."""
     report_dir = tmp / f"{name}-reports"
     report_dir.mkdir()
     env = {**env, "SGLANG_DP_MTP_FIX_REPORT_DIR": str(report_dir)}
-    server = start_server(name, tmp, env, ["--enable-metrics"] if metrics else [], pd=pd)
+    server = start_server(name, tmp, env, METRICS if metrics else [], pd=pd)
     try:
         t0 = time.monotonic()
         if not server.wait_ready():

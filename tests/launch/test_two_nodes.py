@@ -18,6 +18,7 @@ from launchlib import (
     base_env,
     free_port,
     free_port_block,
+    release_reads,
     start_server,
 )
 
@@ -33,6 +34,10 @@ PEER_TIMEOUT_S = 5
 NODE1_UP = "sglang::data_parallel_controller"  # node 1's launcher spawns it only after its port checks
 NODE1_UP_WITHIN_S = 180
 STOP_WITHIN_S = 240  # start-up (model load on 2 busy cores) + the peer timeout + SGLang's own tear-down
+# Each node binds its one scheduler to its own core. 0.5.16-0.5.18 pick the binding by TP rank from a list that must
+# have tp_size entries ("SGLANG_CPU_OMP_THREADS_BIND setting must be aligned with TP size parameter (2)"): both nodes
+# get the whole list. Other releases index it by the node's local device (one entry per node).
+BIND_BY_TP_RANK = release_reads("sglang.srt.utils.numa_utils", "tp_size == len(threads_bind_list)")
 MISMATCH = "PeerStateMismatch: sglang-dp-mtp-fix: patch state differs across the 2 ranks of this launch; stopping"
 
 
@@ -52,8 +57,9 @@ class TwoNodes:
     def __init__(self, name, tmp, gaps, node1_extra: dict[str, str]):
         dist = f"127.0.0.1:{free_port()}"
         common = ["--nnodes", "2", "--dist-init-addr", dist]
-        env0 = base_env(gaps, SGLANG_CPU_OMP_THREADS_BIND="0", SGLANG_DP_MTP_FIX_PEER_TIMEOUT=str(PEER_TIMEOUT_S))
-        env1 = {**env0, "SGLANG_CPU_OMP_THREADS_BIND": "1", **node1_extra}
+        binds = ("0|1", "0|1") if BIND_BY_TP_RANK else ("0", "1")
+        env0 = base_env(gaps, SGLANG_CPU_OMP_THREADS_BIND=binds[0], SGLANG_DP_MTP_FIX_PEER_TIMEOUT=str(PEER_TIMEOUT_S))
+        env1 = {**env0, "SGLANG_CPU_OMP_THREADS_BIND": binds[1], **node1_extra}
         self.started = time.monotonic()
         # Node 1 first, node 0 once node 1's scheduler is up. Two SGLang "nodes" on one host derive the same port_base
         # from the shared --dist-init-addr (dist_init_port + 1); a non-zero node only checks it is free, node 0 also

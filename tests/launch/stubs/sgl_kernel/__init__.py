@@ -9,7 +9,9 @@ to a callable that raises ``NotImplementedError`` naming it, so a gap shows up a
 ``torch.ops.sgl_kernel.*`` stays empty unless ``LAUNCH_CPU_ATTN_OPS=1``: SGLang's AMX checks
 (``hasattr(torch.ops.sgl_kernel, ...)``) then stay False and every layer takes ``forward_native``; with the variable,
 the two attention ops ``IntelAMXAttnBackend`` calls are attached (speculative decoding needs that backend, see
-``launch_cpu_gaps``). Not SGLang code and not the plugin: the plugin under test never touches these ops.
+``launch_cpu_gaps``). The kernels' argument lists follow the sgl-kernel each release was built against: from 0.5.20 the
+KV buffers are followed by their two float scales, before that they are not (the ops take either, see ``_kv_scales``).
+Not SGLang code and not the plugin: the plugin under test never touches these ops.
 """
 
 from __future__ import annotations
@@ -161,26 +163,49 @@ def _refuse_extras(logit_cap, is_cross, sliding_window, sinks, tree_mask=None):
         raise NotImplementedError("sgl_kernel STAND-IN attention: logit cap/cross/sliding window/sinks/tree mask")
 
 
-def decode_attention_cpu(query, k_cache, v_cache, k_scale, v_scale, output, key, value, loc, attn_logits,
+def _kv_scales(args: tuple, at: int) -> tuple:
+    """``args`` with the KV scales at ``at``: sgl-kernel before SGLang 0.5.20 has none (a tensor already sits there,
+    the next argument of that schema), and an unscaled cache reads as scale 1.0."""
+    return (*args[:at], 1.0, 1.0, *args[at:]) if isinstance(args[at], torch.Tensor) else args
+
+
+def decode_attention_cpu(*args, **kwargs):
+    return _decode_attention(*_kv_scales(args, 3), **kwargs)
+
+
+def extend_attention_cpu(*args, **kwargs):
+    return _extend_attention(*_kv_scales(args, 6), **kwargs)
+
+
+def _decode_attention(query, k_cache, v_cache, k_scale, v_scale, output, key, value, loc, attn_logits,
                          req_to_token, req_pool_indices, seq_lens, sm_scale, logit_cap=0.0, is_cross=False,
                          sliding_window=0, encoder_lens=None, sinks=None):  # fmt: skip
     _refuse_extras(logit_cap, is_cross, sliding_window, sinks)
     if key is not None:  # the kernel stores this step's KV itself
         k_cache[loc] = key.to(k_cache.dtype)
         v_cache[loc] = value.to(v_cache.dtype)
-    n = min(seq_lens.shape[0], query.shape[0])  # DP padding can leave extra query rows: zero, as the kernel leaves them
+    # DP padding can leave extra query rows: zero, as the kernel leaves them. 0.5.18's draft decode passes the forward
+    # batch's padded seq_lens with the draft metadata's unpadded req_pool_indices (its forward_decode overrides the
+    # draft seq_lens): the rows past those indices are padding too.
+    n = min(seq_lens.shape[0], query.shape[0], req_pool_indices.shape[0])
     output[n:] = 0
     for i in range(n):
         toks = req_to_token[int(req_pool_indices[i]), : int(seq_lens[i])].long()
         output[i : i + 1] = _attend(query[i : i + 1], k_cache[toks] * k_scale, v_cache[toks] * v_scale, sm_scale)
 
 
-def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale, req_to_token,
+def _extend_attention(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale, req_to_token,
                          req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, max_len_extend, sm_scale,
                          logit_cap=0.0, is_cross=False, sliding_window=0, encoder_lens=None, sinks=None,
                          tree_mask=None, is_causal=True):  # fmt: skip
     _refuse_extras(logit_cap, is_cross, sliding_window, sinks, tree_mask)
-    for i in range(seq_lens.shape[0]):
+    # 0.5.18 passes the forward batch's DP-padded seq_lens with the unpadded extend metadata (see decode): rows past
+    # that metadata are padding, their output rows zero.
+    n = min(seq_lens.shape[0], extend_seq_lens.shape[0], req_pool_indices.shape[0])
+    if n < seq_lens.shape[0]:
+        written = int(extend_start_loc[n - 1]) + int(extend_seq_lens[n - 1]) if n else 0
+        o_extend[written:] = 0
+    for i in range(n):
         total, ext, start = int(seq_lens[i]), int(extend_seq_lens[i]), int(extend_start_loc[i])
         prefix = total - ext
         toks = req_to_token[int(req_pool_indices[i]), :total].long()
