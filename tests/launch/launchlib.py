@@ -50,6 +50,9 @@ NOT_YET = {
     "'ValueError: EAGLE is not supported in decode attention backend intel_amx' - 0.5.15.post1 has no EAGLE/NEXTN "
     "draft attention backend for CPU at all (IntelAMXMultiStepDraftBackend arrives in 0.5.16), which no stand-in "
     "of a kernel can supply",
+    "0.5.15": "not launched: like 0.5.15.post1 it has no EAGLE/NEXTN draft attention backend for CPU (its "
+    "speculative/draft_utils.py raises 'EAGLE is not supported in decode attention backend intel_amx' for the CPU "
+    "backends; IntelAMXMultiStepDraftBackend arrives in 0.5.16), read from its source",
 }
 
 HERE = Path(__file__).resolve().parent
