@@ -103,6 +103,17 @@ REPORT_LINE = re.compile(r"^\[(?P<prefix>[^\]]*)\] (?P<line>sglang-dp-mtp-fix \d
 RANK_PREFIX = re.compile(r" DP(\d+) TP(\d+)$")
 
 
+def post_generate(port: int, body: dict, timeout: float = 120) -> dict:
+    """POST one request to a launch's ``/generate`` on 127.0.0.1; the JSON answer."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -227,13 +238,7 @@ class Server:
             "input_ids": input_ids,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
         }
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/generate",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return json.loads(resp.read())
+        return post_generate(self.port, body)
 
     def scrape_metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=60) as resp:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +22,18 @@ from pathlib import Path
 
 import pytest
 from launch_fixtures import gaps_path, launch_timings, launch_tmp  # noqa: F401 - fixtures
-from launchlib import AFFECTED, FULL, HERE, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION, SHAPE, base_env, start_server
+from launchlib import (
+    AFFECTED,
+    FULL,
+    HERE,
+    LAUNCHES_HERE,
+    NOT_YET,
+    SGLANG_VERSION,
+    SHAPE,
+    base_env,
+    post_generate,
+    start_server,
+)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -95,13 +105,7 @@ def _generate(port: int, rid: str, rank: int, room: int, max_new_tokens: int) ->
         "input_ids": [1, 5 + room % 50, 6, 7],
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
     }
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/generate",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=180) as resp:
-        return json.loads(resp.read())
+    return post_generate(port, body, timeout=180)
 
 
 def _probe_launch(
