@@ -1,11 +1,15 @@
 """Real-launch decode cost: the plugin on vs off in real SGLang servers on CPU, side by side in one run, as a ratio.
 
 The launch tier's server (``tests/launch``: DP attention tp 2 / dp 2, PD decode with the fake transfer backend, NEXTN
-MTP, dummy weights, its named stand-ins) is started twice at once: the plugin applied (``auto``) and
-``SGLANG_DP_MTP_FIX=off``. Requests then alternate between the two, one at a time, in interleaved blocks (arm order
-flipped every block), so both arms see the same machine. Per request: wall time over its generated tokens (greedy,
-``ignore_eos``, ``--max-new-tokens`` each): the decode iterations dominate it. The plugin changes no token (launch
-tier b), so both arms run the same iterations. Output: medians per arm, their ratio, per-block ratios.
+MTP, dummy weights, its named stand-ins) is started twice: the plugin applied (``auto``) and ``SGLANG_DP_MTP_FIX=off``.
+Requests then alternate between the two, one at a time, in interleaved blocks (arm order flipped every block), so both
+arms see the same machine. Only the arm being measured runs: the other server's whole process group is paused
+(SIGSTOP) and resumed (SIGCONT) for its own block. An idle SGLang scheduler does not sleep (``--sleep-on-idle`` is off
+by default) and with DP attention its loop runs the MLP-sync all-gather even with no batch, so a running idle server
+would take a share of a 2-core machine from the measured one (the first run of this bench, both servers running under
+load, read 1.77x with block ratios 1.25-3.07). Per request: wall time over its generated tokens (greedy, ``ignore_eos``,
+``--max-new-tokens`` each): the decode iterations dominate it. The plugin changes no token (launch tier b), so both
+arms run the same iterations. Output: medians per arm, their ratio, per-block ratios.
 
     python bench/launch_ratio.py [--blocks 8] [--per-block 6] [--new-tokens 48]   (in a venv of one release)
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -34,6 +39,15 @@ def per_token_ms(server: Server, room: int, new_tokens: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / new_tokens
 
 
+def pause(server: Server) -> None:
+    os.killpg(server.proc.pid, signal.SIGSTOP)
+
+
+def resume(server: Server) -> None:
+    os.killpg(server.proc.pid, signal.SIGCONT)
+    time.sleep(0.5)  # let its loop come back before the clock starts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=8)
@@ -45,24 +59,27 @@ def main() -> None:
     envs = {"plugin": base_env(gaps), "off": base_env(gaps, SGLANG_DP_MTP_FIX="off")}
     servers: dict[str, Server] = {}
     t_start = time.time()
+    load_at_start = os.getloadavg()
     try:
-        for arm, env in envs.items():  # one after the other: two launches at once on 2 cores double both start-ups
+        room = 5000
+        for arm, env in envs.items():  # one after the other, the first paused: only one server ever runs
             servers[arm] = start_server(arm, tmp, env)
             if not servers[arm].wait_ready():
                 raise SystemExit(f"{arm}: server never became ready; log tail:\n{servers[arm].log[-3000:]}")
-        room = 5000
-        for arm in servers:  # warm-up: first requests pay one-off costs
-            for _ in range(2):
+            for _ in range(2):  # warm-up: first requests pay one-off costs
                 per_token_ms(servers[arm], room := room + 1, args.new_tokens)
+            pause(servers[arm])
         samples: dict[str, list[float]] = {arm: [] for arm in servers}
         block_ratios = []
         for block in range(args.blocks):
             order = ("plugin", "off") if block % 2 == 0 else ("off", "plugin")
             got = {}
             for arm in order:
+                resume(servers[arm])
                 got[arm] = [
                     per_token_ms(servers[arm], room := room + 1, args.new_tokens) for _ in range(args.per_block)
                 ]
+                pause(servers[arm])
                 samples[arm].extend(got[arm])
             block_ratios.append(round(statistics.median(got["plugin"]) / statistics.median(got["off"]), 4))
         statuses = {
@@ -71,12 +88,22 @@ def main() -> None:
         }
     finally:
         for s in servers.values():
+            try:
+                os.killpg(s.proc.pid, signal.SIGCONT)  # a stopped group acts on SIGTERM only once continued
+            except ProcessLookupError:
+                pass
             s.stop()
     med = {arm: statistics.median(v) for arm, v in samples.items()}
     result = {
         "sglang_version": SGLANG_VERSION,
         "date": time.strftime("%Y-%m-%d"),
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg()},
+        "machine": {
+            "cpu": _cpu(),
+            "cores": os.cpu_count(),
+            "load_avg_at_start": load_at_start,
+            "load_avg_at_end": os.getloadavg(),
+        },
+        "design": "one server running at a time, the other's process group paused (SIGSTOP) during the block",
         "what": "ms per generated token of a greedy request, one at a time, plugin applied vs SGLANG_DP_MTP_FIX=off",
         "new_tokens": args.new_tokens,
         "median_ms_per_token": med,

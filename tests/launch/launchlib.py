@@ -101,6 +101,10 @@ NEW_TOKENS = 8
 
 REPORT_LINE = re.compile(r"^\[(?P<prefix>[^\]]*)\] (?P<line>sglang-dp-mtp-fix \d\S* on SGLang .*)$", re.M)
 RANK_PREFIX = re.compile(r" DP(\d+) TP(\d+)$")
+# Anything the plugin itself writes to a log: each of its lines starts "sglang-dp-mtp-fix " or "sglang-dp-mtp-fix:"
+# and a traceback through it names its package. A bare substring would also match a path such as the test venvs'
+# ~/.cache/sglang-dp-mtp-fix/venvs/... in SGLang's own warnings (the CI failure of stop 16).
+PLUGIN_OUTPUT = re.compile(r"sglang-dp-mtp-fix[ :]|sglang_dp_mtp_fix")
 
 
 def post_generate(port: int, body: dict, timeout: float = 120) -> dict:
