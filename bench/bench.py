@@ -67,20 +67,25 @@ def sync_path(pool, rounds: int) -> dict:
 def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     """The same round with SGLang's all-gather replaced by a local copy of the gathered rows (harness
     ``LOCAL_GATHER_ENV``): each rank times SGLang's own ``get_next_disagg_decode_batch_to_run`` call alone (thread
-    CPU, no batch construction, no waiting on a peer), stock vs patched in the same process, interleaved blocks."""
+    CPU, no batch construction, no waiting on a peer), in the same processes, interleaved blocks (arm order rotated),
+    three arms: stock; ``passthrough`` (the plugin's seams wrapped by wrappers that only call the original: the cost
+    of wrapping those seams at all, none of the plugin's work); patched."""
     from sglang_dp_mtp_fix.harness.pool import RankPool
     from sglang_dp_mtp_fix.harness.rank import LOCAL_GATHER_ENV
 
     states = [[SEEDED if (i + r) % 5 else SEEDLESS for i in range(rounds)] for r in range(2)]
-    cpu: dict[str, list[float]] = {"stock": [], "patched": []}
-    block_medians: dict[str, list[float]] = {"stock": [], "patched": []}
+    arms = ("stock", "passthrough", "patched")
+    command = {"stock": "restore", "passthrough": "passthrough", "patched": "apply"}
+    cpu: dict[str, list[float]] = {arm: [] for arm in arms}
+    block_medians: dict[str, list[float]] = {arm: [] for arm in arms}
     env = {"SGLANG_PLUGINS": "dp_mtp_fix", LOCAL_GATHER_ENV: "1"}
     with RankPool(2, load_plugins=True, env=env) as pool:
+        seams = pool.plugin("passthrough")[0]["seams"]
         pool.plugin("restore")
         pool.rounds(states, collective=False)  # warm-up: first-call costs out of the figures
         for block in range(blocks):
-            for arm in ("stock", "patched") if block % 2 == 0 else ("patched", "stock"):
-                pool.plugin("restore" if arm == "stock" else "apply")
+            for arm in arms[block % 3 :] + arms[: block % 3]:
+                pool.plugin(command[arm])
                 results = pool.rounds(states, collective=False)
                 got = [res["round_cpu_ms"] for rank in results for res in rank]
                 cpu[arm].extend(got)
@@ -90,8 +95,14 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     return {
         "median_cpu_ms": med,
         "cpu_ratio": round(med["patched"] / med["stock"], 3),
+        "passthrough_ratio": round(med["passthrough"] / med["stock"], 3),
+        "passthrough_seams": seams,
+        "added_us": {arm: round((med[arm] - med["stock"]) * 1e3, 2) for arm in ("passthrough", "patched")},
         "block_median_ratios": [
             round(p / s, 3) for s, p in zip(block_medians["stock"], block_medians["patched"], strict=True)
+        ],
+        "block_median_passthrough_ratios": [
+            round(p / s, 3) for s, p in zip(block_medians["stock"], block_medians["passthrough"], strict=True)
         ],
         "samples_per_arm": len(cpu["stock"]),
     }

@@ -471,6 +471,49 @@ def run_rounds(states: list[dict[str, Any]], collective: bool = True) -> list[di
     return out
 
 
+def _passthrough_seams(p: Any) -> list[str]:
+    """Bench only: SGLang stock, except that every function the plugin wraps is wrapped by a wrapper that only calls
+    the original (same seams, same number of frames, none of the plugin's work): the cost of wrapping those seams at
+    all. The plugin is applied once to learn its seams, then restored."""
+    import functools
+
+    from sglang_dp_mtp_fix import stats
+
+    p.register()
+    seams = [
+        (ch.owner, ch.attr, ch.original, ch.patch_id)
+        for ch in p.get_manager()._changes
+        if callable(ch.new) or isinstance(ch.new, classmethod)
+    ]
+    p.restore()
+    stats.activate(None)
+    names = []
+    for owner, attr, original, patch_id in seams:
+        if not (callable(original) or isinstance(original, classmethod)):
+            continue  # an ADD hook: stock has no such attribute and never calls it
+        if isinstance(original, classmethod):
+            func = original.__func__
+
+            def through(*args: Any, _f: Any = func, **kwargs: Any) -> Any:
+                return _f(*args, **kwargs)
+
+            setattr(owner, attr, classmethod(functools.wraps(func)(through)))
+        else:
+
+            def through(*args: Any, _f: Any = original, **kwargs: Any) -> Any:
+                return _f(*args, **kwargs)
+
+            setattr(owner, attr, functools.wraps(original)(through))
+        _ctx.setdefault("passthrough", []).append((owner, attr, original))
+        names.append(f"{patch_id}:{getattr(owner, '__name__', owner)}.{attr}")
+    return names
+
+
+def _undo_passthrough() -> None:
+    for owner, attr, original in reversed(_ctx.pop("passthrough", [])):
+        setattr(owner, attr, original)
+
+
 def plugin(command: str | dict[str, Any]) -> dict[str, Any]:
     """apply / restore the plugin in this rank (all ranks do it together), or read its vote counters.
 
@@ -504,6 +547,9 @@ def plugin(command: str | dict[str, Any]) -> dict[str, Any]:
         finally:
             os.environ.pop(PROMETHEUS_DIR_ENV)
         return {"rank": _ctx["rank"], "line": line}
+    _undo_passthrough()
+    if command == "passthrough":
+        return {"rank": _ctx["rank"], "seams": _passthrough_seams(p)}
     if command == "apply":
         saved = {k: os.environ.get(k) for k in env}
         if env:
