@@ -40,14 +40,17 @@ LOCAL_ROWS_AFFECTED = ("0.5.16", "0.5.17", "0.5.18")  # idle ranks run the full 
 
 DEFERRED = ("dsa_idle_index", "dsa_trtllm_trim")  # applied when their module is imported (post-import hook)
 DSA_MODULES = ("sglang.srt.layers.attention.dsa_backend", "sglang.srt.layers.attention.dsa.dsa_indexer")
+# draft_local_rows is deferred too, until the scheduler imports model_runner to build its ModelRunner.
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 
 
-def expected_statuses(dsa_imported: bool = True) -> dict[str, str]:
+def expected_statuses(dsa_imported: bool = True, model_runner_imported: bool | None = None) -> dict[str, str]:
     """Per patch id, the outcome on this release (the README compatibility table).
 
     ``dsa_imported``: the DSA modules were imported in that process (as in every scheduler that loads a model:
     SGLang's model registry imports them; this test session imports them at start, see below). In a fresh process
-    that has not imported them, an affected release reports the DSA patches ``not-loaded``."""
+    that has not imported them, an affected release reports the DSA patches ``not-loaded``. ``model_runner_imported``
+    (default: same as ``dsa_imported``): likewise for ``draft_local_rows`` where it applies (0.5.16-0.5.18)."""
     from sglang_dp_mtp_fix.patches import PATCH_IDS
 
     group = expected_status()
@@ -55,16 +58,20 @@ def expected_statuses(dsa_imported: bool = True) -> dict[str, str]:
     per_patch["draft_local_rows"] = "applied" if SGLANG_VERSION in LOCAL_ROWS_AFFECTED else "not-affected"
     if not dsa_imported and group == "applied":
         per_patch.update({pid: "not-loaded" for pid in DEFERRED})
+    if not (dsa_imported if model_runner_imported is None else model_runner_imported):
+        if per_patch["draft_local_rows"] == "applied":
+            per_patch["draft_local_rows"] = "not-loaded"
     return {pid: per_patch[pid] for pid in PATCH_IDS}
 
 
 def _import_dsa_modules() -> None:
     """The in-process tests run in the state of a scheduler after model import: SGLang's model registry imports the
-    DSA modules in every scheduler that loads a model, so their patches apply at register() like the others.
-    Fresh-process tests (run_python) start without them and check the not-loaded / post-import path."""
+    DSA modules in every scheduler that loads a model, and the scheduler imports model_runner to build its
+    ModelRunner, so the deferred patches apply at register() like the others. Fresh-process tests (run_python)
+    start without them and check the not-loaded / post-import path."""
     import importlib
 
-    for name in DSA_MODULES:
+    for name in (*DSA_MODULES, MODEL_RUNNER):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a release whose DSA code cannot load on CPU: the patches stay not-loaded

@@ -1,6 +1,6 @@
-"""Deferred patches (the DSA patches): applied by a post-import hook when SGLang imports their module, never imported
-by the plugin. Fresh processes (``run_python``): each starts without the DSA modules, the state of a scheduler
-process at ``load_plugins()``.
+"""Deferred patches (the DSA patches, and draft_local_rows until model_runner): applied by a post-import hook when
+SGLang imports their module, never imported by the plugin. Fresh processes (``run_python``): each starts without the
+DSA modules and model_runner, the state of a scheduler process at ``load_plugins()``.
 
 - import audit: loading the plugin in a warm EAGLE scheduler process imports no DSA module (nor does the cross-rank
   state or the report line); the DSA patches say ``not-loaded``;
@@ -19,7 +19,17 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import DEFERRED, DSA_MODULES, affected_only, expected_statuses, last_json, requires_sglang, run_python
+from conftest import (
+    DEFERRED,
+    DSA_MODULES,
+    MODEL_RUNNER,
+    affected_only,
+    expected_status,
+    expected_statuses,
+    last_json,
+    requires_sglang,
+    run_python,
+)
 
 from sglang_dp_mtp_fix import importhook
 
@@ -103,6 +113,7 @@ import json, logging, sys
 def dsa():
     return sorted(m for m in sys.modules if m.startswith("sglang.") and ("dsa" in m.rsplit(".", 1)[-1] or ".dsa." in m))
 before = dsa()
+runner_before = {model_runner!r} in sys.modules
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang_dp_mtp_fix import importhook, plugin, report
@@ -111,23 +122,31 @@ state = manager.peer_fingerprints()  # what the cross-rank check publishes
 logging.basicConfig(level=logging.INFO)
 report.emit(manager.outcomes, plugin.last_config)
 print(json.dumps({{"before": before, "after": dsa(), "statuses": {{o.id: o.status.value for o in manager.outcomes}},
-                  "pending": importhook.pending(), "state": sorted(state)}}))
+                  "pending": importhook.pending(), "state": sorted(state),
+                  "runner": [runner_before, {model_runner!r} in sys.modules]}}))
 """
 
 
 @requires_sglang
-def test_loading_the_plugin_imports_no_dsa_module():
+def test_loading_the_plugin_imports_no_dsa_module_nor_model_runner():
     """The import audit: a warm EAGLE scheduler process that loads the plugin (and publishes its cross-rank state and
-    report line) has imported no DSA module beyond what SGLang's own imports brought."""
-    proc = run_python(AUDIT.format(warm=WARM), {"SGLANG_PLUGINS": "dp_mtp_fix"})
+    report line) has imported no DSA module beyond what SGLang's own imports brought, and not model_runner."""
+    proc = run_python(AUDIT.format(warm=WARM, model_runner=MODEL_RUNNER), {"SGLANG_PLUGINS": "dp_mtp_fix"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = last_json(proc.stdout)
     assert out["after"] == out["before"], sorted(set(out["after"]) - set(out["before"]))
     assert not set(DSA_MODULES) & set(out["after"])
+    # ... nor model_runner (draft_local_rows' premises live there; the scheduler imports it after load_plugins()).
+    assert out["runner"] == [False, False]
     assert out["statuses"] == expected_statuses(dsa_imported=False)
+    pending = {}
     if expected_statuses(dsa_imported=False)["dsa_idle_index"] == "not-loaded":
-        assert out["pending"] == {DSA_INDEXER: 1, DSA_BACKEND: 1}
+        pending.update({DSA_INDEXER: 1, DSA_BACKEND: 1})
         assert f"source of {DSA_INDEXER}" in out["state"] and f"source of {DSA_BACKEND}" in out["state"]
+    if expected_statuses(dsa_imported=False)["draft_local_rows"] == "not-loaded":
+        pending[MODEL_RUNNER] = 1
+        assert f"source of {MODEL_RUNNER}" in out["state"]
+    assert out["pending"] == pending
 
 
 HOOK = """
@@ -225,6 +244,13 @@ def test_strict_stops_the_process_from_inside_sglangs_model_import():
     assert "Ignore import error when loading sglang.srt.models.deepseek_v2" not in proc.stderr
 
 
+# The deferred patches that apply on this release (affected releases: the DSA patches; 0.5.16-0.5.18 also
+# draft_local_rows).
+DEFERRED_HERE = {
+    pid for pid in (*DEFERRED, "draft_local_rows") if expected_statuses().get(pid) == "applied"
+} if expected_status() == "applied" else set()  # fmt: skip
+
+
 def _hook_fault_cases() -> list:
     from test_faults import FAULTS, not_applicable
 
@@ -233,8 +259,8 @@ def _hook_fault_cases() -> list:
 
     cases = []
     for patch in all_patches():
-        if patch.id not in DEFERRED:
-            continue
+        if not patch.deferred_until_import or expected_statuses()[patch.id] != "applied":
+            continue  # draft_local_rows applies on 0.5.16-0.5.18 only
         for target in patch.targets:
             if target.kind is not Kind.WRAP:  # CHECK targets: in-process test_faults, through the same checks
                 continue
@@ -277,14 +303,16 @@ def test_fault_at_the_hook_leaves_that_patch_stock(patch_id, name, fault):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = last_json(proc.stdout)
     expected = expected_statuses(dsa_imported=False)
-    other = next(pid for pid in DEFERRED if pid != patch_id)
-    assert out["statuses"].pop(other) in ("not-loaded", "applied")  # the indexer module may import the backend
-    assert out["statuses"] == {**{k: v for k, v in expected.items() if k != other}, patch_id: "unsupported"}
+    for other in DEFERRED_HERE - {patch_id}:  # importing one deferred module may import another (indexer, backend)
+        assert out["statuses"].pop(other) in ("not-loaded", "applied")
+        expected.pop(other)
+    assert out["statuses"] == {**expected, patch_id: "unsupported"}
     assert out["needle"] in out["reason"], out
     assert out["stock"] and out["marked"] == [], out
     ours = [line for line in proc.stderr.splitlines() if line.startswith("WARNING sglang_dp_mtp_fix")]
     assert len(ours) == 1 and f"{patch_id} left stock when" in ours[0], ours
 
 
-def test_hook_fault_cases_cover_both_deferred_patches():
-    assert {case.values[0] for case in _hook_fault_cases()} == set(DEFERRED)
+def test_hook_fault_cases_cover_every_deferred_patch_applied_here():
+    assert {case.values[0] for case in _hook_fault_cases()} == DEFERRED_HERE
+    assert set(DEFERRED) <= DEFERRED_HERE or expected_status() != "applied"

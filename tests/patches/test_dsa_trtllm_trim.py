@@ -343,9 +343,12 @@ def test_unimportable_dsa_backend_stands_this_patch_down_alone():
         "sglang.srt.layers.attention.dsa_backend cannot be imported here (ModuleNotFoundError: No module named "
         "'deep_gemm'); this process cannot run that code, so there is nothing to patch",
     ]
-    # The doctor's plan imported dsa_indexer (it loads here), so dsa_idle_index applied at register(); only the
-    # backend whose import fails stays not-loaded.
-    expected = {**expected_statuses(dsa_imported=False), "dsa_idle_index": expected_statuses()["dsa_idle_index"]}
+    # The doctor's plan imported dsa_indexer and model_runner (they load here), so dsa_idle_index and
+    # draft_local_rows applied at register(); only the backend whose import fails stays not-loaded.
+    expected = {
+        **expected_statuses(dsa_imported=False, model_runner_imported=True),
+        "dsa_idle_index": expected_statuses()["dsa_idle_index"],
+    }
     assert {pid: status for pid, (status, _) in out["loaded"].items()} == expected
     assert out["after"] == expected
     assert {pid: status for pid, (status, _) in out["doctor"].items()} == {

@@ -20,6 +20,12 @@ How:      Two wrappers on ``ForwardBatch``, which is what ``EagleDraftWorker.dra
           matching ``post_forward``, so a ForwardBatch reused across draft steps never reads a previous step's count.
           Target-verify and draft-extend batches (other spec-input types / modes) are not recorded, so not touched.
           CUDA-graph replay and capture never call ``prepare_mlp_sync_batch`` (no ``global_num_tokens_cpu``): no-op.
+          Applied from a post-import hook when ``model_runner`` is imported (``Patch.deferred_until_import``): its
+          premises live there, and a scheduler imports it only after ``load_plugins()``, when it builds its
+          ``ModelRunner`` (before any forward). Checking them at load imported ``model_runner`` inside
+          ``load_plugins()`` (~23 ms of a 53 ms warm activation on 0.5.17) and in processes that never run a model
+          (the launcher). ``not-loaded`` until then; everything the hook resolves besides ``model_runner`` is already
+          imported by then (``forward_batch_info`` by ``model_runner``, ``eagle_worker_v2`` by the vote group at load).
 Releases: applied on 0.5.16 – 0.5.18 (``draft_topk1_postprocess`` + idle ranks in the full eager loop).
           Not affected: 0.5.14 – 0.5.15.post1 (``torch.argmax`` + ``positions.add_(1)``: nothing needs the row counts
           to agree) and 0.5.19+ (idle ranks go through ``EagleDraftWorker._draft_forward_idle``, which never
@@ -135,6 +141,7 @@ class DraftLocalRows(Patch):
     summary = "eager EAGLE draft: logits, hidden states and positions sliced to the rank's local draft-token rows"
     requires = ()
     targets = (PREPARE, POST_FORWARD, PAD_INPUTS, EAGER_PREPARE, EAGER_FORWARD, DRAFT_FORWARD)
+    deferred_until_import = MODEL_RUNNER  # "not-loaded" until the scheduler imports it to build its ModelRunner
 
     def classify(self) -> None:
         verdict = local_rows_verdict()
