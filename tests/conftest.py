@@ -58,9 +58,9 @@ def expected_statuses(dsa_imported: bool = True, model_runner_imported: bool | N
     per_patch["draft_local_rows"] = "applied" if SGLANG_VERSION in LOCAL_ROWS_AFFECTED else "not-affected"
     if not dsa_imported and group == "applied":
         per_patch.update({pid: "not-loaded" for pid in DEFERRED})
-    if not (dsa_imported if model_runner_imported is None else model_runner_imported):
-        if per_patch["draft_local_rows"] == "applied":
-            per_patch["draft_local_rows"] = "not-loaded"
+    runner_imported = dsa_imported if model_runner_imported is None else model_runner_imported
+    if not runner_imported and per_patch["draft_local_rows"] == "applied":
+        per_patch["draft_local_rows"] = "not-loaded"
     return {pid: per_patch[pid] for pid in PATCH_IDS}
 
 

@@ -22,7 +22,9 @@ import pytest
 from conftest import (
     DEFERRED,
     DSA_MODULES,
+    LOCAL_ROWS_AFFECTED,
     MODEL_RUNNER,
+    SGLANG_VERSION,
     affected_only,
     expected_status,
     expected_statuses,
@@ -244,11 +246,14 @@ def test_strict_stops_the_process_from_inside_sglangs_model_import():
     assert "Ignore import error when loading sglang.srt.models.deepseek_v2" not in proc.stderr
 
 
-# The deferred patches that apply on this release (affected releases: the DSA patches; 0.5.16-0.5.18 also
-# draft_local_rows).
-DEFERRED_HERE = {
-    pid for pid in (*DEFERRED, "draft_local_rows") if expected_statuses().get(pid) == "applied"
-} if expected_status() == "applied" else set()  # fmt: skip
+def _deferred_here() -> set[str]:
+    """The deferred patches that apply on this release (read from the patches, checked below against the list)."""
+    from sglang_dp_mtp_fix.patches import all_patches
+
+    return {p.id for p in all_patches() if p.deferred_until_import and expected_statuses()[p.id] == "applied"}
+
+
+DEFERRED_HERE = _deferred_here() if SGLANG_VERSION else set()
 
 
 def _hook_fault_cases() -> list:
@@ -259,8 +264,8 @@ def _hook_fault_cases() -> list:
 
     cases = []
     for patch in all_patches():
-        if not patch.deferred_until_import or expected_statuses()[patch.id] != "applied":
-            continue  # draft_local_rows applies on 0.5.16-0.5.18 only
+        if patch.id not in DEFERRED_HERE:
+            continue
         for target in patch.targets:
             if target.kind is not Kind.WRAP:  # CHECK targets: in-process test_faults, through the same checks
                 continue
@@ -315,4 +320,6 @@ def test_fault_at_the_hook_leaves_that_patch_stock(patch_id, name, fault):
 
 def test_hook_fault_cases_cover_every_deferred_patch_applied_here():
     assert {case.values[0] for case in _hook_fault_cases()} == DEFERRED_HERE
-    assert set(DEFERRED) <= DEFERRED_HERE or expected_status() != "applied"
+    # Affected releases: both DSA patches; 0.5.16-0.5.18 also draft_local_rows. Elsewhere nothing is deferred.
+    want = set(DEFERRED) | ({"draft_local_rows"} if SGLANG_VERSION in LOCAL_ROWS_AFFECTED else set())
+    assert DEFERRED_HERE == (want if expected_status() == "applied" else set())

@@ -480,30 +480,21 @@ def _passthrough_seams(p: Any) -> list[str]:
     from sglang_dp_mtp_fix import stats
 
     p.register()
-    seams = [
-        (ch.owner, ch.attr, ch.original, ch.patch_id)
-        for ch in p.get_manager()._changes
-        if callable(ch.new) or isinstance(ch.new, classmethod)
-    ]
+    seams = [(ch.owner, ch.attr, ch.original, ch.patch_id or "plugin") for ch in p.get_manager()._changes]
     p.restore()
     stats.activate(None)
     names = []
     for owner, attr, original, patch_id in seams:
-        if not (callable(original) or isinstance(original, classmethod)):
-            continue  # an ADD hook: stock has no such attribute and never calls it
-        if isinstance(original, classmethod):
-            func = original.__func__
+        bound = isinstance(original, classmethod)
+        if not (callable(original) or bound):
+            continue  # an ADD (hook or class default): stock has no such attribute and never calls it
+        func = original.__func__ if bound else original
 
-            def through(*args: Any, _f: Any = func, **kwargs: Any) -> Any:
-                return _f(*args, **kwargs)
+        def through(*args: Any, _f: Any = func, **kwargs: Any) -> Any:
+            return _f(*args, **kwargs)
 
-            setattr(owner, attr, classmethod(functools.wraps(func)(through)))
-        else:
-
-            def through(*args: Any, _f: Any = original, **kwargs: Any) -> Any:
-                return _f(*args, **kwargs)
-
-            setattr(owner, attr, functools.wraps(original)(through))
+        wrapper = functools.wraps(func)(through)
+        setattr(owner, attr, classmethod(wrapper) if bound else wrapper)
         _ctx.setdefault("passthrough", []).append((owner, attr, original))
         names.append(f"{patch_id}:{getattr(owner, '__name__', owner)}.{attr}")
     return names

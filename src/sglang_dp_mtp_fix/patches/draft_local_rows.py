@@ -25,7 +25,8 @@ How:      Two wrappers on ``ForwardBatch``, which is what ``EagleDraftWorker.dra
           ``ModelRunner`` (before any forward). Checking them at load imported ``model_runner`` inside
           ``load_plugins()`` (~23 ms of a 53 ms warm activation on 0.5.17) and in processes that never run a model
           (the launcher). ``not-loaded`` until then; everything the hook resolves besides ``model_runner`` is already
-          imported by then (``forward_batch_info`` by ``model_runner``, ``eagle_worker_v2`` by the vote group at load).
+          imported by then (``forward_batch_info`` by ``model_runner``; ``eagle_worker_v2`` is in ``sys.modules`` after
+          load, seen on 0.5.17 with the vote group applied and skipped).
 Releases: applied on 0.5.16 – 0.5.18 (``draft_topk1_postprocess`` + idle ranks in the full eager loop).
           Not affected: 0.5.14 – 0.5.15.post1 (``torch.argmax`` + ``positions.add_(1)``: nothing needs the row counts
           to agree) and 0.5.19+ (idle ranks go through ``EagleDraftWorker._draft_forward_idle``, which never
