@@ -124,19 +124,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def free_port_block(width: int = 40) -> int:
-    """A base port with ``width`` free ports above it (SGLang derives its internal ports from --port)."""
+# The ports SGLang derives, as offsets from the port it is given. From --port: the HTTP port and those above it, and,
+# with DP attention and no --dist-init-addr, its ZMQ ports from port + 233 (ZMQ_TCP_PORT_DELTA) up. From
+# --dist-init-addr: dist_init_port itself, port_base and the five above it (+1 .. +6), and the DP-attention
+# handshake of node 0 at +13 (DP_ATTENTION_HANDSHAKE_PORT_DELTA). A port picked at random but not checked here once
+# made a non-zero node die at start-up, and node 0 then waited for its handshake forever.
+SERVER_PORT_SPAN = (*range(40), *range(233, 248))
+DIST_INIT_PORT_SPAN = tuple(range(14))
+
+
+def free_port_block(span: Sequence[int] = SERVER_PORT_SPAN, avoid: set[int] | None = None) -> int:
+    """A base port whose ``base + offset`` is free for every offset of ``span`` and not in ``avoid``; the ports
+    chosen are added to ``avoid`` (so two blocks of one test never overlap)."""
     for _ in range(50):
         base = free_port()
-        if base + width > 65000:
+        ports = [base + offset for offset in span]
+        if max(ports) > 65000 or (avoid and avoid.intersection(ports)):
             continue
         try:
-            for p in range(base, base + width):
+            for p in ports:
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", p))
-            return base
         except OSError:
             continue
+        if avoid is not None:
+            avoid.update(ports)
+        return base
     raise RuntimeError("no free port block on 127.0.0.1")
 
 
@@ -204,6 +217,7 @@ class Server:
             return None
 
     def group_alive(self) -> bool:
+        self.proc.poll()  # reap the launcher if it exited: as a zombie of ours it would keep the group "alive"
         try:
             os.killpg(self.proc.pid, 0)
             return True
@@ -216,7 +230,6 @@ class Server:
             self.proc.send_signal(signal.SIGTERM)
             self.wait_exit(15)
         for _ in range(120):  # killed children stay in the group until init reaps them (slow on a loaded host)
-            self.proc.poll()  # reap the launcher itself: as a zombie of ours it would keep the group "alive"
             if not self.group_alive():
                 break
             try:

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from launch_fixtures import gaps_path, launch_timings, launch_tmp  # noqa: F401 - fixtures
 from launchlib import (
+    DIST_INIT_PORT_SPAN,
     FULL,
     LAUNCHES_HERE,
     NOT_YET,
     READY,
     SGLANG_VERSION,
     base_env,
-    free_port,
     free_port_block,
     release_reads,
     start_server,
@@ -34,6 +34,7 @@ PEER_TIMEOUT_S = 5
 NODE1_UP = "sglang::data_parallel_controller"  # node 1's launcher spawns it only after its port checks
 NODE1_UP_WITHIN_S = 180
 STOP_WITHIN_S = 240  # start-up (model load on 2 busy cores) + the peer timeout + SGLang's own tear-down
+NODE1_GONE_GRACE_S = 30  # node 0 stops first in every scenario here; node 1 gone long before it means trouble
 # Each node binds its one scheduler to its own core. 0.5.16-0.5.18 pick the binding by TP rank from a list that must
 # have tp_size entries ("SGLANG_CPU_OMP_THREADS_BIND setting must be aligned with TP size parameter (2)"): both nodes
 # get the whole list. Other releases index it by the node's local device (one entry per node).
@@ -55,7 +56,8 @@ def _spawned(pgid: int, title: str) -> bool:
 
 class TwoNodes:
     def __init__(self, name, tmp, gaps, node1_extra: dict[str, str]):
-        dist = f"127.0.0.1:{free_port()}"
+        taken: set[int] = set()  # every port either node derives, kept apart
+        dist = f"127.0.0.1:{free_port_block(DIST_INIT_PORT_SPAN, taken)}"
         common = ["--nnodes", "2", "--dist-init-addr", dist]
         binds = ("0|1", "0|1") if BIND_BY_TP_RANK else ("0", "1")
         env0 = base_env(gaps, SGLANG_CPU_OMP_THREADS_BIND=binds[0], SGLANG_DP_MTP_FIX_PEER_TIMEOUT=str(PEER_TIMEOUT_S))
@@ -65,11 +67,20 @@ class TwoNodes:
         # from the shared --dist-init-addr (dist_init_port + 1); a non-zero node only checks it is free, node 0 also
         # binds it. Started together, node 1's check could meet node 0's bind (seen: "port_base at ... is used by a
         # process already") and node 1 died, so node 0 waited for it forever or the mismatch read as a missing rank.
-        self.node1 = start_server(f"{name}-node1", tmp, env1, [*common, "--node-rank", "1"], port=free_port_block())
+        node1_port = free_port_block(avoid=taken)
+        self.node1 = start_server(f"{name}-node1", tmp, env1, [*common, "--node-rank", "1"], port=node1_port)
         deadline = time.monotonic() + NODE1_UP_WITHIN_S
         while not _spawned(self.node1.proc.pid, NODE1_UP) and self.node1.alive() and time.monotonic() < deadline:
             time.sleep(0.5)
-        self.node0 = start_server(f"{name}-node0", tmp, env0, [*common, "--node-rank", "0"], port=free_port_block())
+        # Node 0 waits for node 1's handshake without a timeout (SGLang's design): without node 1 it would only hang.
+        assert self.node1.alive(), f"node 1 exited before its DP controller started:\n{self.node1.log[-3000:]}"
+        node0_port = free_port_block(avoid=taken)
+        self.node0 = start_server(f"{name}-node0", tmp, env0, [*common, "--node-rank", "0"], port=node0_port)
+
+    def tails(self) -> str:
+        """Both nodes' log tails, and whether node 1 still runs, for a failure message."""
+        node1 = "running" if self.node1.alive() else f"exited rc={self.node1.proc.returncode}"
+        return f"node 0:\n{self.node0.log[-3000:]}\nnode 1 ({node1}):\n{self.node1.log[-2000:]}"
 
     def stop(self) -> None:
         for node in (self.node0, self.node1):
@@ -83,7 +94,15 @@ class TwoNodes:
         gone (seen on 0.5.20 under load: its launcher died in ``set_server_stop_hook`` on a None tokenizer manager
         and the group was still alive 30 s later); that is SGLang's multi-node tear-down, and the finalizer stops it.
         """
-        rc = self.node0.wait_exit(STOP_WITHIN_S)
+        deadline = time.monotonic() + STOP_WITHIN_S
+        node1_gone_at: float | None = None
+        while self.node0.alive() and time.monotonic() < deadline:
+            if node1_gone_at is None and not self.node1.group_alive():
+                node1_gone_at = time.monotonic()
+            if node1_gone_at is not None and time.monotonic() - node1_gone_at > NODE1_GONE_GRACE_S:
+                break  # node 0 would wait for node 1's handshake forever: fail now, with both logs
+            time.sleep(0.5)
+        rc = self.node0.proc.poll()
         took = time.monotonic() - self.started
         deadline = time.monotonic() + 30
         while (self.node0.group_alive() or self.node1.group_alive()) and time.monotonic() < deadline:
@@ -113,7 +132,7 @@ def test_d_node_with_plugin_off_stops_the_launch_naming_the_rank(two_nodes):
     nodes = two_nodes({"SGLANG_DP_MTP_FIX": "off"})
     rc, took, left = nodes.stops_by_itself()
     log0, log1 = nodes.node0.log, nodes.node1.log
-    assert rc not in (None, 0), f"launch did not stop by itself within {STOP_WITHIN_S}s:\n{log0[-3000:]}"
+    assert rc not in (None, 0), f"launch did not stop by itself within {STOP_WITHIN_S}s:\n{nodes.tails()}"
     assert MISMATCH in log0 and f"no patch-state from ranks [1] within {PEER_TIMEOUT_S}s" in log0, log0[-4000:]
     assert READY not in log0 and READY not in log1
     assert not left, f"still running after the launch stopped: {left}"
@@ -127,7 +146,7 @@ def test_d_node_with_another_skip_list_stops_naming_the_difference(two_nodes):
     nodes = two_nodes({"SGLANG_DP_MTP_FIX_SKIP": "dsa_idle_index"})
     rc, took, left = nodes.stops_by_itself()
     log0 = nodes.node0.log
-    assert rc not in (None, 0), f"launch did not stop by itself within {STOP_WITHIN_S}s:\n{log0[-3000:]}"
+    assert rc not in (None, 0), f"launch did not stop by itself within {STOP_WITHIN_S}s:\n{nodes.tails()}"
     assert MISMATCH in log0 and "ranks [1] differ from ranks [0]: " in log0, log0[-4000:]
     assert "dsa_idle_index: applied vs disabled" in log0
     assert READY not in log0 and not left, left
