@@ -230,7 +230,7 @@ def main() -> None:
 
         release = version("sglang")
         result = {"sglang_version": release, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-                  "load_avg_before": os.getloadavg(), **sync_path_local(rounds=400),
+                  "load_avg_before": os.getloadavg(), **sync_path_local(rounds=400, blocks=30),
                   "load_avg_after": os.getloadavg()}  # fmt: skip
         out = HERE / "results" / f"sync-local-{release}.json"
         out.write_text(json.dumps(result, indent=1) + "\n")

@@ -110,15 +110,15 @@ def test_apply_verify_restore_by_identity(restored):
 @affected_only
 def test_from_import_copies_are_repointed_and_restored(restored):
     dp_attn = importlib.import_module("sglang.srt.managers.scheduler_components.dp_attn")
-    original = dp_attn.prepare_mlp_sync_batch_raw
+    original = dp_attn._update_gather_batch
     copy_holder = type(sys)("sglang._dp_mtp_fix_test_copy")  # an SGLang-namespace module holding a from-import copy
-    copy_holder.prepare_mlp_sync_batch_raw = original
+    copy_holder._update_gather_batch = original
     sys.modules[copy_holder.__name__] = copy_holder
     try:
         restored.register()
-        assert copy_holder.prepare_mlp_sync_batch_raw is dp_attn.prepare_mlp_sync_batch_raw is not original
+        assert copy_holder._update_gather_batch is dp_attn._update_gather_batch is not original
         restored.restore()
-        assert copy_holder.prepare_mlp_sync_batch_raw is original and dp_attn.prepare_mlp_sync_batch_raw is original
+        assert copy_holder._update_gather_batch is original and dp_attn._update_gather_batch is original
     finally:
         del sys.modules[copy_holder.__name__]
 

@@ -29,7 +29,7 @@ load_plugins()
 {post}
 from sglang.srt.managers.scheduler_components import dp_attn
 loaded = "sglang_dp_mtp_fix.plugin" in sys.modules
-out = {{"loaded": loaded, "patched": hasattr(dp_attn.prepare_mlp_sync_batch_raw, "__sglang_dp_mtp_fix_patch__")}}
+out = {{"loaded": loaded, "patched": hasattr(dp_attn._update_gather_batch, "__sglang_dp_mtp_fix_patch__")}}
 if loaded:
     from sglang_dp_mtp_fix import plugin
     m = plugin.get_manager()
@@ -123,7 +123,7 @@ def test_double_load_does_not_double_wrap():
         "import sglang.srt.plugins as sp; sp._plugins_loaded = False; load_plugins()\n"
         "from sglang_dp_mtp_fix import plugin; plugin.register()\n"
         "from sglang.srt.managers.scheduler_components import dp_attn\n"
-        "f = dp_attn.prepare_mlp_sync_batch_raw\n"
+        "f = dp_attn._update_gather_batch\n"
         "orig = getattr(f, '__sglang_dp_mtp_fix_original__', f)\n"
         "assert not hasattr(orig, '__sglang_dp_mtp_fix_patch__'), 'wrapped twice'\n"
     )

@@ -45,11 +45,11 @@ def test_local_row_carries_an_independent_draft_vote(restored, local_vote, wire)
     restored.register()
     info = _sync_info(decode_vote=True)
     stock_width = info._get_fallback_tensor(device="cpu").numel()
-    token = dgv._sync_round.set(dgv.SyncRound(local_vote=local_vote))
+    token = dgv._local_vote.set(local_vote)
     try:
         row = info._get_local_tensor(device="cpu")
     finally:
-        dgv._sync_round.reset(token)
+        dgv._local_vote.reset(token)
     assert row[dgv.DECODE_COLUMN].item() == wire
     assert bool(row[dgv.DECODE_COLUMN]) is True  # SGLang's own reading of the generic vote is unchanged
     assert info._get_fallback_tensor(device="cpu")[dgv.DECODE_COLUMN].item() == dgv.DECODE_YES_DRAFT_YES
@@ -80,11 +80,11 @@ def test_fallback_rows_are_fresh_encoded_copies_of_sglangs_row(restored):
 
 def test_decode_no_stays_zero(restored):
     restored.register()
-    token = dgv._sync_round.set(dgv.SyncRound(local_vote=False))
+    token = dgv._local_vote.set(False)
     try:
         assert _sync_info(decode_vote=False)._get_local_tensor(device="cpu")[dgv.DECODE_COLUMN].item() == 0
     finally:
-        dgv._sync_round.reset(token)
+        dgv._local_vote.reset(token)
 
 
 @pytest.mark.parametrize(
@@ -93,6 +93,8 @@ def test_decode_no_stays_zero(restored):
 )
 def test_group_vote_is_the_min_over_every_rank(column, group):
     assert dgv.decode_group_vote(column) is group
+    rows = [[0, 0, value, 0, 1, 1, 0] for value in column]  # as SGLang gathers them: one row per rank
+    assert dgv.group_draft_vote(rows) is group
 
 
 @pytest.mark.parametrize("column", [[3, 1, 3, 3], [1, 1], [3, 7]])
@@ -101,6 +103,8 @@ def test_ranks_without_the_plugin_fail_fast_naming_them(column):
         dgv.decode_group_vote(column)
     bad = [i for i, v in enumerate(column) if v not in (0, 2, 3)]
     assert str(bad) in str(exc.value)
+    with pytest.raises(dgv.MixedDeploymentError, match=str(bad).replace("[", r"\[").replace("]", r"\]")):
+        dgv.group_draft_vote([[0, 0, value, 0, 1, 1, 0] for value in column])
 
 
 def _runner(require_mlp_sync: bool = True):

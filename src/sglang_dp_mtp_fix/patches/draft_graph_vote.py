@@ -11,18 +11,21 @@ How:      No additional collective, and no change to the gathered tensor's shape
           SGLang's own reading ``bool(column.min())`` is unchanged by this encoding (2 and 3 are truthy), so the
           generic vote, its consumers and the row width stay stock on every release (including 0.5.15.post1's
           hard-coded width 7). A gathered ``1`` means a rank runs without the plugin: the sync raises a clear error
-          naming the ranks instead of letting them split later. Wrappers:
-            * ``prepare_mlp_sync_batch_raw``: the rank's vote, ``not batch.force_disable_draft_cuda_graph``
-              (no batch, idle and prebuilt batches vote yes), scoped in a context variable;
+          naming the ranks instead of letting them split later. Wrappers (five on the sync path, one scope):
+            * ``SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch`` opens the round: eager_draft_gate's PD-decode
+              marking, then the rank's vote ``not batch.force_disable_draft_cuda_graph`` (no batch, idle and
+              prebuilt batches vote yes) in a context variable; ``prepare_mlp_sync_batch_raw`` is reached only
+              through it (``SchedulerDPAttnAdapter.prepare_mlp_sync_batch``, fingerprinted);
             * ``MLPSyncBatchInfo._get_local_tensor`` / ``_get_fallback_tensor``: encode (inactive ranks vote yes);
-            * ``MLPSyncBatchInfo.all_gather``: decode the group result (min over every rank) and check the group;
-            * ``_update_gather_batch``: ``batch.can_run_dp_draft_cuda_graph`` = group result (local vote when
-              nothing was gathered: one DP rank, ``SGLANG_SCHEDULER_SKIP_ALL_GATHER``);
+            * ``_update_gather_batch``: decode the gathered rows SGLang's ``all_gather`` left on the info (min over
+              every rank), check the group, and set ``batch.can_run_dp_draft_cuda_graph`` (the local vote when
+              nothing was gathered or there is one DP rank: ``SGLANG_SCHEDULER_SKIP_ALL_GATHER``, ``finalize_local``);
             * ``ForwardBatch.init_new``: carries the flag to the forward batch;
             * ``EAGLEDraftCudaGraphRunner.can_run_graph``: False when the runner needs MLP sync and the vote is no.
           Class defaults ``can_run_dp_draft_cuda_graph = True`` keep graphs for batches that never synced.
           Target-verify and draft-extend graph decisions are untouched.
-          Premises, fingerprinted as CHECK targets: ``Scheduler.run_batch`` hands the ScheduleBatch itself to the
+          Premises, fingerprinted as CHECK targets: ``MLPSyncBatchInfo.all_gather`` builds the rows from the two
+          encoded tensors and leaves them on the info; ``Scheduler.run_batch`` hands the ScheduleBatch itself to the
           worker; ``prepare_for_draft`` (``base_spec_worker`` in 0.5.15.post1, ``eagle_worker_common`` from 0.5.16)
           builds the draft ForwardBatch with ``ForwardBatch.init_new(batch)`` and calls ``can_run_graph`` on it.
 Releases: 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (column ``can_run_draft_cuda_graph``, upstream #32196).
@@ -33,12 +36,12 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 from sglang_dp_mtp_fix import stats
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.patches._detect import classify_group
+from sglang_dp_mtp_fix.patches.eager_draft_gate import mark_pd_decode_batch
 
 DP_ATTN = "sglang.srt.managers.scheduler_components.dp_attn"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
@@ -58,10 +61,14 @@ STOCK_DECODE_YES = 1
 DECODE_YES_DRAFT_NO = 2
 DECODE_YES_DRAFT_YES = 3
 
-SYNC_RAW = Target(DP_ATTN, "prepare_mlp_sync_batch_raw")
+SYNC_ENTRY = Target(DP_ATTN, "SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch")
 LOCAL_ROW = Target(DP_ATTN, "MLPSyncBatchInfo._get_local_tensor")
 FALLBACK_ROW = Target(DP_ATTN, "MLPSyncBatchInfo._get_fallback_tensor")
-GATHER = Target(DP_ATTN, "MLPSyncBatchInfo.all_gather")
+# Premises of the one-scope round (fingerprinted, never changed): the sync entry is the only way to the raw sync,
+# which calls all_gather (rows built from the two encoded tensors, left on the info) and then _update_gather_batch.
+SYNC_METHOD = Target(DP_ATTN, "SchedulerDPAttnAdapter.prepare_mlp_sync_batch", Kind.CHECK)
+SYNC_RAW = Target(DP_ATTN, "prepare_mlp_sync_batch_raw", Kind.CHECK)
+GATHER = Target(DP_ATTN, "MLPSyncBatchInfo.all_gather", Kind.CHECK)
 FINALIZE_LOCAL = Target(DP_ATTN, "MLPSyncBatchInfo.finalize_local", Kind.CHECK, required=False)
 UPDATE_BATCH = Target(DP_ATTN, "_update_gather_batch")
 FORWARD_INIT = Target(FORWARD_BATCH, "ForwardBatch.init_new")
@@ -83,16 +90,8 @@ class MixedDeploymentError(RuntimeError):
     """Some DP ranks of one sync group run without the plugin: stop now rather than hang later."""
 
 
-@dataclass(slots=True)
-class SyncRound:
-    local_vote: bool
-    group_vote: bool | None = None
-
-    def result(self) -> bool:
-        return self.local_vote if self.group_vote is None else self.group_vote
-
-
-_sync_round: contextvars.ContextVar[SyncRound | None] = contextvars.ContextVar("dp_mtp_fix_sync_round", default=None)
+# This rank's draft vote for the MLP-sync round in progress; None outside one (reads as yes).
+_local_vote: contextvars.ContextVar[bool | None] = contextvars.ContextVar("dp_mtp_fix_local_draft_vote", default=None)
 
 
 def local_draft_vote(local_batch: Any) -> bool:
@@ -106,6 +105,14 @@ def local_draft_vote(local_batch: Any) -> bool:
 
 
 _PLUGIN_VALUES = frozenset((DECODE_NO, DECODE_YES_DRAFT_NO, DECODE_YES_DRAFT_YES))
+
+
+def group_draft_vote(rows: list[list[int]]) -> bool:
+    """Group draft vote from the gathered MLP-sync rows (one set built in every round but a misconfigured one)."""
+    seen = {row[DECODE_COLUMN] for row in rows}
+    if seen <= _PLUGIN_VALUES:
+        return DECODE_YES_DRAFT_NO not in seen
+    return decode_group_vote([row[DECODE_COLUMN] for row in rows])
 
 
 def decode_group_vote(column: list[int]) -> bool:
@@ -135,6 +142,8 @@ class DraftGraphVote(Patch):
     summary = "draft-graph vote in the existing MLP-sync all-gather; EAGLEDraftCudaGraphRunner consumes it"
     requires = ("eager_draft_gate",)
     targets = (
+        SYNC_ENTRY,
+        SYNC_METHOD,
         SYNC_RAW,
         LOCAL_ROW,
         FALLBACK_ROW,
@@ -160,48 +169,46 @@ class DraftGraphVote(Patch):
         decode_field = "can_run_decode_cuda_graph" if "can_run_decode_cuda_graph" in fields else "can_cuda_graph"
         gathered_field = "tp0_info_cpu" if "tp0_info_cpu" in fields else "tp0_info"
 
-        sync_raw = resolved[SYNC_RAW].raw
+        sync_entry = resolved[SYNC_ENTRY].raw
         local_row = resolved[LOCAL_ROW].raw
         fallback_row = resolved[FALLBACK_ROW].raw
-        gather = resolved[GATHER].raw
         update_batch = resolved[UPDATE_BATCH].raw
         forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
         runner_gate = resolved[RUNNER_GATE].raw
 
-        @functools.wraps(sync_raw)
-        def prepare_mlp_sync_batch_raw(*args: Any, **kwargs: Any) -> Any:
-            local_batch = args[0] if args else kwargs.get("local_batch")
-            token = _sync_round.set(SyncRound(local_vote=local_draft_vote(local_batch)))
+        @functools.wraps(sync_entry)
+        def maybe_prepare_mlp_sync_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if batch is None:
+                vote = True
+            else:
+                mark_pd_decode_batch(batch)  # eager_draft_gate, immediately before the sync
+                vote = local_draft_vote(batch)
+            token = _local_vote.set(vote)
             try:
-                return sync_raw(*args, **kwargs)
+                return sync_entry(self, batch, *args, **kwargs)
             finally:
-                _sync_round.reset(token)
+                _local_vote.reset(token)
 
         @functools.wraps(local_row)
         def _get_local_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
             decode_vote = getattr(self, decode_field)  # host-side bool: no device read
             if not decode_vote:
                 return local_row(self, *args, **kwargs)
-            sync = _sync_round.get()
-            vote = True if sync is None else sync.local_vote
             # SGLang builds the row with int(<decode vote>): lend it the encoded value for that one call instead of
             # writing into the tensor afterwards (no tensor op, and no device write on the device-group path).
-            setattr(self, decode_field, DECODE_YES_DRAFT_YES if vote else DECODE_YES_DRAFT_NO)
+            setattr(self, decode_field, DECODE_YES_DRAFT_NO if _local_vote.get() is False else DECODE_YES_DRAFT_YES)
             try:
                 return local_row(self, *args, **kwargs)
             finally:
                 setattr(self, decode_field, decode_vote)
 
         # SGLang's fallback row is constant (fingerprinted): encode it once per device and dtype and hand out copies
-        # (a fresh tensor per call, as SGLang's own; saves a tensor construction and an indexed write per round).
-        encoded_fallback: dict[tuple[str, str], Any] = {}
+        # (a fresh tensor per call, as SGLang's own: all_gather may build its gathered tensor as a view of it).
+        encoded_fallback: dict[tuple[Any, Any], Any] = {}
 
         @functools.wraps(fallback_row)
         def _get_fallback_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
-            key = (
-                str(args[0] if args else kwargs.get("device")),
-                str(args[1] if len(args) > 1 else kwargs.get("dtype")),
-            )
+            key = (args[0] if args else kwargs.get("device"), args[1] if len(args) > 1 else kwargs.get("dtype"))
             row = encoded_fallback.get(key)
             if row is None:
                 row = fallback_row(self, *args, **kwargs)
@@ -209,16 +216,13 @@ class DraftGraphVote(Patch):
                 encoded_fallback[key] = row
             return row.clone()
 
-        @functools.wraps(gather)
-        def all_gather(self: Any, *args: Any, **kwargs: Any) -> Any:
-            result = gather(self, *args, **kwargs)
-            gathered = getattr(self, gathered_field)
+        def round_vote(info: Any) -> bool:
+            """The group's draft vote from the rows SGLang gathered; the local vote when it gathered none."""
+            gathered = getattr(info, gathered_field, None)
+            if gathered is None or info.dp_size == 1:
+                return _local_vote.get() is not False
             # <=0.5.17 keeps the gathered rows on the device: one small D2H here, none on 0.5.18+.
-            group_vote = decode_group_vote([row[DECODE_COLUMN] for row in gathered.tolist()])
-            sync = _sync_round.get()
-            if sync is not None:
-                sync.group_vote = group_vote
-            return result
+            return group_draft_vote(gathered.tolist())
 
         # Decided at load: without SGLANG_DP_MTP_FIX_STATS and SGLang's --enable-metrics the wrapper carries no
         # counting code at all.
@@ -232,24 +236,20 @@ class DraftGraphVote(Patch):
         if counters is None:
 
             @functools.wraps(update_batch)
-            def _update_gather_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
-                result = update_batch(batch, *args, **kwargs)
-                sync = _sync_round.get()
-                setattr(batch, VOTE_ATTR, True if sync is None else sync.result())
+            def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
+                result = update_batch(batch, mlp_sync_info, *args, **kwargs)
+                setattr(batch, VOTE_ATTR, round_vote(mlp_sync_info))
                 return result
 
         else:
 
             @functools.wraps(update_batch)
-            def _update_gather_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
-                result = update_batch(batch, *args, **kwargs)
-                sync = _sync_round.get()
-                vote = True if sync is None else sync.result()
+            def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
+                result = update_batch(batch, mlp_sync_info, *args, **kwargs)
+                vote = round_vote(mlp_sync_info)
                 setattr(batch, VOTE_ATTR, vote)
                 if batch.forward_mode.is_decode_or_idle():
-                    counters.record(
-                        bool(getattr(batch, generic_field, False)), vote, True if sync is None else sync.local_vote
-                    )
+                    counters.record(bool(getattr(batch, generic_field, False)), vote, _local_vote.get() is not False)
                 return result
 
         @functools.wraps(forward_init)
@@ -267,10 +267,9 @@ class DraftGraphVote(Patch):
             return ok
 
         return {
-            SYNC_RAW: prepare_mlp_sync_batch_raw,
+            SYNC_ENTRY: maybe_prepare_mlp_sync_batch,
             LOCAL_ROW: _get_local_tensor,
             FALLBACK_ROW: _get_fallback_tensor,
-            GATHER: all_gather,
             UPDATE_BATCH: _update_gather_batch,
             FORWARD_INIT: classmethod(init_new),
             RUNNER_GATE: can_run_graph,

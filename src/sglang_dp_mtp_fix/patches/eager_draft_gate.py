@@ -8,9 +8,11 @@ How:      Adds ``BaseSpecWorker.requires_dp_attention_eager_forward(batch) -> Fa
           non-last PP ranks) and the PR's predicate on ``EAGLEWorkerV2`` (same condition as the draft guard, the
           seed read through ``EagleDraftInput.has_dsa_topk_seed`` from ``future_seed_authority``). A wrapper around
           ``SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run`` scopes the scheduler's spec
-          worker in a context variable; a wrapper on ``SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch`` then
-          sets ``batch.force_disable_draft_cuda_graph`` immediately before the sync — the PR's placement, reached
-          from a seam instead of a copied function body. ``draft()`` itself is unchanged: its local guard stays.
+          worker in a context variable; ``mark_pd_decode_batch`` then sets ``batch.force_disable_draft_cuda_graph``
+          immediately before the sync — the PR's placement, reached from a seam instead of a copied function body.
+          It is called by ``draft_graph_vote``'s wrapper of ``SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch``
+          (one wrapper opens the round for both patches; they apply together). ``draft()`` itself is unchanged:
+          its local guard stays.
           Premises, fingerprinted as CHECK targets: ``build_eagle_disagg_draft_input`` builds the seedless PD
           arrival; ``EagleDraftWorker._draft_extend_for_prefill`` / ``_draft_extend_for_decode`` always set the
           seed, so co-located decode never produces a seedless non-idle draft input and needs no marking
@@ -32,7 +34,6 @@ from sglang_dp_mtp_fix.patches.future_seed_authority import draft_seed_present
 BASE_SPEC = "sglang.srt.speculative.base_spec_worker"
 EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2"
 DECODE = "sglang.srt.disaggregation.decode"
-DP_ATTN = "sglang.srt.managers.scheduler_components.dp_attn"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
 EAGLE_DISAGG = "sglang.srt.speculative.eagle_disaggregation"
 
@@ -44,7 +45,6 @@ EAGLE_HOOK = Target(EAGLE_V2, "EAGLEWorkerV2", Kind.ADD, attr=HOOK_NAME, fingerp
 BATCH_FLAG_DEFAULT = Target(SCHEDULE_BATCH, "ScheduleBatch", Kind.ADD, attr=FLAG, fingerprinted=False)
 DRAFT_GUARD = Target(EAGLE_V2, "EagleDraftWorker.draft", Kind.CHECK)
 DECODE_ROUND = Target(DECODE, "SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run")
-SYNC_ENTRY = Target(DP_ATTN, "SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch")
 # Premises (fingerprinted, never changed): the seedless PD arrival is built here, and outside PD decode the
 # draft-extend paths always set the seed, which is why only PD-decode rounds need marking.
 DISAGG_ARRIVAL = Target(EAGLE_DISAGG, "build_eagle_disagg_draft_input", Kind.CHECK)
@@ -85,6 +85,15 @@ def needs_eager_draft(spec_worker: Any, batch: Any) -> bool:
     return bool(hook(batch)) if hook is not None else False
 
 
+def mark_pd_decode_batch(batch: Any) -> None:
+    """Inside a PD-decode round, mark ``batch`` (not None) for a rank-consistent eager draft when it needs one.
+
+    Called immediately before the DP MLP sync, by the wrapper that opens the sync round (draft_graph_vote)."""
+    spec_worker = _pd_decode_worker.get()
+    if spec_worker is not _OUTSIDE:
+        setattr(batch, FLAG, needs_eager_draft(spec_worker, batch))
+
+
 class EagerDraftGate(Patch):
     id = "eager_draft_gate"
     summary = "worker hook requires_dp_attention_eager_forward + PD-decode marking before the DP MLP sync"
@@ -95,7 +104,6 @@ class EagerDraftGate(Patch):
         BATCH_FLAG_DEFAULT,
         DRAFT_GUARD,
         DECODE_ROUND,
-        SYNC_ENTRY,
         DISAGG_ARRIVAL,
         EXTEND_FOR_PREFILL,
         EXTEND_FOR_DECODE,
@@ -106,7 +114,6 @@ class EagerDraftGate(Patch):
 
     def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
         decode_round_original = resolved[DECODE_ROUND].raw
-        sync_entry_original = resolved[SYNC_ENTRY].raw
 
         @functools.wraps(decode_round_original)
         def get_next_disagg_decode_batch_to_run(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -116,17 +123,9 @@ class EagerDraftGate(Patch):
             finally:
                 _pd_decode_worker.reset(token)
 
-        @functools.wraps(sync_entry_original)
-        def maybe_prepare_mlp_sync_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-            spec_worker = _pd_decode_worker.get()
-            if spec_worker is not _OUTSIDE and batch is not None:
-                setattr(batch, FLAG, needs_eager_draft(spec_worker, batch))
-            return sync_entry_original(self, batch, *args, **kwargs)
-
         return {
             BASE_HOOK: base_requires_dp_attention_eager_forward,
             EAGLE_HOOK: eagle_requires_dp_attention_eager_forward,
             BATCH_FLAG_DEFAULT: False,
             DECODE_ROUND: get_next_disagg_decode_batch_to_run,
-            SYNC_ENTRY: maybe_prepare_mlp_sync_batch,
         }

@@ -6,8 +6,8 @@ its). It does three things to SGLang, all outside the plugin, in every scheduler
 1. Lifts ``disable_cuda_graph`` for the DP MLP-sync vote alone. The tier launches with ``--disable-cuda-graph`` (CPU),
    so SGLang's generic decode vote (``_local_decode_cuda_graph_vote``) is False for every batch and the plugin, which
    carries its draft vote only inside a "decode graph yes" value, carries nothing. The probe wraps the live
-   ``dp_attn.prepare_mlp_sync_batch_raw`` (the plugin's wrapper when the plugin is on, SGLang's function when off) and
-   passes ``disable_cuda_graph=False``. Checked on 0.5.20's source: inside ``prepare_mlp_sync_batch_raw`` that argument
+   ``dp_attn.prepare_mlp_sync_batch_raw`` (SGLang's function: the plugin wraps its caller, the sync entry, and only
+   checks this one) and passes ``disable_cuda_graph=False``. Checked on 0.5.20's source: inside ``prepare_mlp_sync_batch_raw`` that argument
    is read only by ``_local_decode_cuda_graph_vote``; what the vote sets (``can_run_decode_cuda_graph`` on the batch and
    its ForwardBatch) is read only by graph runners (``decode_cuda_graph_runner.can_run_graph``, the draft and
    draft-extend runners' ``can_run_graph``, each behind ``runner and ...``), by two-batch overlap (off) and by workers
