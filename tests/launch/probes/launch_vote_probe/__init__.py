@@ -7,13 +7,14 @@ its). It does three things to SGLang, all outside the plugin, in every scheduler
    so SGLang's generic decode vote (``_local_decode_cuda_graph_vote``) is False for every batch and the plugin, which
    carries its draft vote only inside a "decode graph yes" value, carries nothing. The probe wraps the live
    ``dp_attn.prepare_mlp_sync_batch_raw`` (SGLang's function: the plugin wraps its caller, the sync entry, and only
-   checks this one) and passes ``disable_cuda_graph=False``. Checked on 0.5.20's source: inside ``prepare_mlp_sync_batch_raw`` that argument
-   is read only by ``_local_decode_cuda_graph_vote``; what the vote sets (``can_run_decode_cuda_graph`` on the batch and
-   its ForwardBatch) is read only by graph runners (``decode_cuda_graph_runner.can_run_graph``, the draft and
-   draft-extend runners' ``can_run_graph``, each behind ``runner and ...``), by two-batch overlap (off) and by workers
-   this launch does not run; DP padding does not read it. On CPU no graph runner exists (``EagleDraftWorker.
-   _capture_cuda_graphs`` returns early on ``_is_cpu``; ``--disable-cuda-graph``: no decode runner), which the probe
-   records per rank and the test asserts. So every batch still runs eager; only the votes are real.
+   checks this one) and passes ``disable_cuda_graph=False``. Checked on 0.5.20's source: inside
+   ``prepare_mlp_sync_batch_raw`` that argument is read only by ``_local_decode_cuda_graph_vote``; what the vote sets
+   (``can_run_decode_cuda_graph`` on the batch and its ForwardBatch) is read only by graph runners
+   (``decode_cuda_graph_runner.can_run_graph``, the draft and draft-extend runners' ``can_run_graph``, each behind
+   ``runner and ...``), by two-batch overlap (off) and by workers this launch does not run; DP padding does not read it.
+   On CPU no graph runner exists (``EagleDraftWorker._capture_cuda_graphs`` returns early on ``_is_cpu``;
+   ``--disable-cuda-graph``: no decode runner), which the probe records per rank and the test asserts. So every batch
+   still runs eager; only the votes are real.
 2. Declares a need through the upstream API: on DP rank ``LAUNCH_VOTE_PROBE_EAGER_RANK`` (default 0) only, it sets
    ``requires_dp_attention_eager_forward`` on the scheduler's speculative worker INSTANCE (the hook #32209 defines on
    the speculative worker; the plugin adds it to ``EAGLEWorkerV2`` and, for PD-decode rounds, calls
