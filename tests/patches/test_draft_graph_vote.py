@@ -93,8 +93,6 @@ def test_decode_no_stays_zero(restored):
 )
 def test_group_vote_is_the_min_over_every_rank(column, group):
     assert dgv.decode_group_vote(column) is group
-    rows = [[0, 0, value, 0, 1, 1, 0] for value in column]  # as SGLang gathers them: one row per rank
-    assert dgv.group_draft_vote(rows) is group
 
 
 @pytest.mark.parametrize("column", [[3, 1, 3, 3], [1, 1], [3, 7]])
@@ -103,8 +101,6 @@ def test_ranks_without_the_plugin_fail_fast_naming_them(column):
         dgv.decode_group_vote(column)
     bad = [i for i, v in enumerate(column) if v not in (0, 2, 3)]
     assert str(bad) in str(exc.value)
-    with pytest.raises(dgv.MixedDeploymentError, match=str(bad).replace("[", r"\[").replace("]", r"\]")):
-        dgv.group_draft_vote([[0, 0, value, 0, 1, 1, 0] for value in column])
 
 
 def _runner(require_mlp_sync: bool = True):

@@ -107,14 +107,6 @@ def local_draft_vote(local_batch: Any) -> bool:
 _PLUGIN_VALUES = frozenset((DECODE_NO, DECODE_YES_DRAFT_NO, DECODE_YES_DRAFT_YES))
 
 
-def group_draft_vote(rows: list[list[int]]) -> bool:
-    """Group draft vote from the gathered MLP-sync rows (one set built in every round but a misconfigured one)."""
-    seen = {row[DECODE_COLUMN] for row in rows}
-    if seen <= _PLUGIN_VALUES:
-        return DECODE_YES_DRAFT_NO not in seen
-    return decode_group_vote([row[DECODE_COLUMN] for row in rows])
-
-
 def decode_group_vote(column: list[int]) -> bool:
     """Group draft vote from the gathered decode-graph column; raises on ranks without the plugin."""
     seen = set(column)
@@ -222,7 +214,7 @@ class DraftGraphVote(Patch):
             if gathered is None or info.dp_size == 1:
                 return _local_vote.get() is not False
             # <=0.5.17 keeps the gathered rows on the device: one small D2H here, none on 0.5.18+.
-            return group_draft_vote(gathered.tolist())
+            return decode_group_vote([row[DECODE_COLUMN] for row in gathered.tolist()])
 
         # Decided at load: without SGLANG_DP_MTP_FIX_STATS and SGLang's --enable-metrics the wrapper carries no
         # counting code at all.
