@@ -26,6 +26,7 @@ STAND-INS (each needs a GPU model, KV pools or a live scheduler to exist for rea
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import time
@@ -92,6 +93,8 @@ def setup(rank: int, world: int, port: int, model_path: str, load_plugins: bool)
 # Benchmarks: SGLang's MLP-sync all-gather replaced by a local copy, so a rank's round is timed without waiting on
 # (or spinning for) its peer. Never set by the tests.
 LOCAL_GATHER_ENV = "SGLANG_DP_MTP_FIX_HARNESS_LOCAL_GATHER"
+# Benchmarks: no cyclic GC inside a batch of rounds (collected before it instead). Never set by the tests.
+QUIET_GC_ENV = "SGLANG_DP_MTP_FIX_HARNESS_QUIET_GC"
 
 
 def _install_local_gather(dist: Any) -> None:
@@ -461,13 +464,23 @@ def run_rounds(states: list[dict[str, Any]], collective: bool = True) -> list[di
     A state may carry ``"_unguarded": true`` to issue that round's draft-step collectives without the pre-flight.
     """
     out = []
-    for state in states:
-        with CollectiveCounter() as counter:
-            result = run_round(state)
-        result["sync_collectives"] = counter.count
-        if collective and result.get("ran"):
-            result.update(path_collective(result, guarded=not state.get("_unguarded", False)))
-        out.append(result)
+    # Benchmarks: the cyclic GC collects between calls, never inside a timed round (its pauses were the largest
+    # noise of the per-round timings: an A/A pair of stock arms differed by up to 11 us with it on).
+    quiet_gc = bool(os.environ.get(QUIET_GC_ENV))
+    if quiet_gc:
+        gc.collect()
+        gc.disable()
+    try:
+        for state in states:
+            with CollectiveCounter() as counter:
+                result = run_round(state)
+            result["sync_collectives"] = counter.count
+            if collective and result.get("ran"):
+                result.update(path_collective(result, guarded=not state.get("_unguarded", False)))
+            out.append(result)
+    finally:
+        if quiet_gc:
+            gc.enable()
     return out
 
 
