@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -118,10 +119,33 @@ def post_generate(port: int, body: dict, timeout: float = 120) -> dict:
         return json.loads(resp.read())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_port_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return low, high
+
+
+def free_port(room: int = 0) -> int:
+    """A free port ``p`` with ``p .. p + room`` outside the kernel's ephemeral range. A port from that range (what
+    binding to port 0 returns) can be handed to any outgoing connection as its local port in the half minute before
+    SGLang binds it: CI saw node 0's DP-attention handshake fail with ``ZMQError: Address already in use`` on such a
+    port, checked free when it was picked."""
+    low, high = _ephemeral_port_range()
+    ranges = [(lo, hi) for lo, hi in ((10000, low - room), (high + 1, 65535 - room)) if hi > lo]
+    if not ranges:
+        raise RuntimeError(f"no port range outside the ephemeral ports {low}-{high} with room for +{room}")
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(*rng.choice(ranges))
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port on 127.0.0.1 outside the ephemeral range")
 
 
 # The ports SGLang derives, as offsets from the port it is given. From --port: the HTTP port and those above it, and,
@@ -137,9 +161,9 @@ def free_port_block(span: Sequence[int] = SERVER_PORT_SPAN, avoid: set[int] | No
     """A base port whose ``base + offset`` is free for every offset of ``span`` and not in ``avoid``; the ports
     chosen are added to ``avoid`` (so two blocks of one test never overlap)."""
     for _ in range(50):
-        base = free_port()
+        base = free_port(room=max(span))
         ports = [base + offset for offset in span]
-        if max(ports) > 65000 or (avoid and avoid.intersection(ports)):
+        if avoid and avoid.intersection(ports):
             continue
         try:
             for p in ports:
