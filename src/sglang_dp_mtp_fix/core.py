@@ -32,7 +32,7 @@ import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sglang_dp_mtp_fix import fingerprint as fp
@@ -215,8 +215,9 @@ def _foreign_hook(live: Any) -> bool:
     return not filename.startswith(root) or filename.endswith("plugins/hook_registry.py")
 
 
-# Decorators SGLang itself puts on methods whose wrapper code lives outside SGLang (torch.inference_mode/no_grad).
-_STOCK_DECORATOR_FILES = ("torch/utils/_contextlib.py",)
+# Decorators SGLang itself puts on functions whose wrapper code lives outside SGLang (torch.inference_mode/no_grad,
+# contextlib.contextmanager).
+_STOCK_DECORATOR_FILES = ("torch/utils/_contextlib.py", "/contextlib.py")
 
 
 def _describe(obj: Any) -> str:
@@ -520,12 +521,24 @@ class PatchManager:
         return out
 
     def _apply_patch(self, patch: Patch, resolved: dict[Target, Resolved]) -> None:
-        new_values = patch.replacements(resolved)
+        # A target an earlier patch of this manager already wraps is wrapped again, on top (wrapt's way), but only
+        # by a patch that requires that one: the two then apply, stand down and restore together. One change per
+        # attribute keeps the true original, so undo, rebinding and verification see a single wrapper.
+        stacked: dict[Target, _Change] = {}
+        for target, res in resolved.items():
+            below = self._change_at(res.owner, res.attr) if target.kind is Kind.WRAP else None
+            if below is not None:
+                if below.patch_id not in patch.requires:
+                    raise RuntimeError(f"{target.name} is wrapped by {below.patch_id}, which {patch.id} does not require")
+                stacked[target] = below
+        view = {t: replace(r, raw=stacked[t].new) if t in stacked else r for t, r in resolved.items()}
+        new_values = patch.replacements(view)
         for target, res in resolved.items():
             if target.kind is Kind.CHECK:
                 continue
             new = new_values[target]
-            original = res.raw
+            below = stacked.get(target)
+            original = below.original if below is not None else res.raw
             live_new = fp.function_of(new)
             try:
                 setattr(live_new, MARKER, patch.id)
@@ -533,9 +546,14 @@ class PatchManager:
                     live_new.__sglang_dp_mtp_fix_original__ = fp.function_of(original)
             except (AttributeError, TypeError):
                 pass  # plain values (class defaults) carry no marker
-            change = _Change(res.owner, res.attr, res.own, original, new, patch_id=patch.id)
             setattr(res.owner, res.attr, new)
-            self._changes.append(change)
+            if below is not None:
+                below.new = new
+            else:
+                self._changes.append(_Change(res.owner, res.attr, res.own, original, new, patch_id=patch.id))
+
+    def _change_at(self, owner: Any, attr: str) -> _Change | None:
+        return next((ch for ch in self._changes if ch.owner is owner and ch.attr == attr), None)
 
     def _rebind_module_copies(self, changes: Sequence[_Change]) -> None:
         """Re-point ``from X import Y`` copies of patched module functions in every imported SGLang module.

@@ -191,7 +191,11 @@ def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager 
     check, and decided from the server arguments every rank shares, so every rank of the launch stands down alike
     (a rank that differs is a mismatch the check then stops)."""
     manager = manager or get_manager()
-    for check, refuses in _startup_checks.CHECKS:
+    status = {o.id: o for o in manager.outcomes or []}
+    for check, refuses, fixed_by in _startup_checks.CHECKS:
+        fix = status.get(fixed_by or "")
+        if fix is not None and fix.status is Status.APPLIED:
+            continue  # the patch that removes this hazard runs on this scheduler
         try:
             line = check(scheduler)
         except Exception as exc:  # noqa: BLE001 - a diagnostic must never crash the host
@@ -199,6 +203,8 @@ def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager 
             report.logger.debug("sglang-dp-mtp-fix: start-up check %s failed: %r", check.__name__, exc)
         if line is None:
             continue
+        if fix is not None:
+            line += f" [{fix.id} is {fix.status.value}: {fix.reason}]"
         if config.strict:
             raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
         if refuses:

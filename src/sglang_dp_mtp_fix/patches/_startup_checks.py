@@ -6,8 +6,9 @@ does the same). In an EAGLE deployment whose draft seeds DSA top-k from draft-ex
 graph, a seedless PD-decode round then sends one rank eager and its peers through the graph: the #32209 hang.
 The plugin cannot vote without a gather and must not add a collective, so it names the hazard instead.
 
-A draft MoE a2a backend whose MLP-gather answer differs from the target's is refused (``CHECKS``): the plugin in
-``auto`` puts the draft-vote group back to stock on that scheduler, ``strict`` stops.
+A draft MoE a2a backend whose MLP-gather answer differs from the target's is fixed by ``draft_token_counts``; where
+that patch is not applied it is refused (``CHECKS``): ``auto`` puts the draft-vote group back to stock on that
+scheduler, ``strict`` stops.
 
 Read from what the scheduler really uses: SGLang's own ``envs.SGLANG_SCHEDULER_SKIP_ALL_GATHER`` (which the DWDP
 set-up also sets in-process), the scheduler's ``server_args`` and its spec worker as built.
@@ -67,7 +68,8 @@ def draft_token_counts_hazard(scheduler: Any) -> str | None:
     scheduler's answer (the target backend). When they differ, the draft graph's eligibility and bucket come from
     the wrong per-rank list: with the target not gathering and the draft gathering, each rank buckets its own count
     while the draft's gathered MoE needs one bucket for all, and ranks split between draft graph and eager
-    (tests/test_draft_token_counts.py). Upstream 0.5.21 carries ``draft_global_num_tokens``.
+    (tests/test_draft_token_counts.py). The ``draft_token_counts`` patch (upstream 0.5.21's
+    ``draft_global_num_tokens``) removes it; this check runs only where that patch is not applied.
     """
     from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
 
@@ -86,14 +88,15 @@ def draft_token_counts_hazard(scheduler: Any) -> str | None:
         f"differs from --moe-a2a-backend {getattr(server_args, 'moe_a2a_backend', None)} in its MLP gather "
         f"(draft require_mlp_tp_gather={draft}, target {target}): SGLang sizes the draft graph from the target's "
         "per-rank token counts, so DP ranks can pick different draft graph buckets or paths (hang); use the same "
-        "backend for both (upstream 0.5.21 gives the draft its own counts)"
+        "backend for both, or let draft_token_counts apply (upstream 0.5.21 gives the draft its own counts)"
     )
 
 
-# (check, the patch whose group it refuses in auto, or None: a warning only). The skip-all-gather hole is a warning:
-# the vote group still keeps every seeded round consistent there, and upstream 0.5.21 has the same hole. Differing
-# draft MoE a2a backends are refused: the group's draft vote would be sized from the wrong per-rank counts.
-CHECKS: tuple[tuple[Callable[[Any], str | None], str | None], ...] = (
-    (skip_all_gather_hazard, None),
-    (draft_token_counts_hazard, "draft_graph_vote"),
+# (check, the patch whose group it refuses in auto or None: a warning only, the patch that removes the hazard when
+# applied or None). The skip-all-gather hole is a warning: the vote group still keeps every seeded round consistent
+# there, and upstream 0.5.21 has the same hole. Differing draft MoE a2a backends are fixed by draft_token_counts;
+# only where that patch is not applied is the configuration refused (the draft vote would be sized wrongly).
+CHECKS: tuple[tuple[Callable[[Any], str | None], str | None, str | None], ...] = (
+    (skip_all_gather_hazard, None, None),
+    (draft_token_counts_hazard, "draft_graph_vote", "draft_token_counts"),
 )

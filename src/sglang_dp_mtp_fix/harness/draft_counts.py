@@ -1,0 +1,159 @@
+"""The draft's per-rank DP token counts and draft-graph decision, through SGLang's real code, for one release.
+
+Used by ``tools/gen_draft_counts_oracle.py`` (0.5.23, upstream's fix: the oracle) and by
+``tests/test_draft_token_counts.py`` (0.5.15.post1-0.5.20, stock and with the plugin), on the same inputs.
+
+REAL: ``ServerArgs`` with ``--moe-a2a-backend`` / ``--speculative-moe-a2a-backend``, published as the scheduler
+process does; each answer of ``require_mlp_tp_gather`` as the release computes it (0.5.23: inside
+``SchedulerDPAttnAdapter.prepare_mlp_sync_batch``; earlier: the scheduler's own answer and, for the draft runner,
+the same call inside ``speculative_moe_a2a_backend_context()``); ``_update_gather_batch``; the draft
+``ForwardBatch`` (0.5.15.post1-0.5.20: ``ForwardBatch.init_new`` with a draft model runner; 0.5.23:
+``ForwardBatch.init_mlp_sync_metadata(..., is_draft_worker=True)``, the method upstream's fix changed, on a bare
+ForwardBatch, since its ``init_new`` needs a live model runner); ``EAGLEDraftCudaGraphRunner.can_run_graph``.
+STAND-INS: ``GatheredSyncInfoStandIn`` (an ``MLPSyncBatchInfo`` after its all-gather, which needs the peer ranks);
+the harness's ``ModelRunnerStandIn`` and decode tensors for ``init_new`` (a model runner needs a model); the draft
+runner created without ``__init__`` (it captures CUDA graphs); on <= 0.5.17 ``enable_num_token_non_padded`` (asks
+the expert-parallel group, which needs the peer ranks).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from array import array
+from types import SimpleNamespace
+from typing import Any
+
+from sglang_dp_mtp_fix.harness.rank import ModelRunnerStandIn, decode_tensors, draft_runner_standin, publish_server_args
+
+DUMMY_MODEL = os.path.join(os.path.dirname(__file__), "dummy_model")
+MAX_BS = 8  # the draft graph's largest captured batch size in these cases
+PAIRS = (("none", "none"), ("deepep", "deepep"), ("deepep", "none"), ("none", "deepep"))
+# Per-rank decode batch sizes of one round: an idle rank (0), one over MAX_BS, equal and uneven ranks.
+COUNTS = ((2, 12), (0, 5), (3, 0), (8, 8), (9, 1))
+
+
+class GatheredSyncInfoStandIn:
+    """STAND-IN for an ``MLPSyncBatchInfo`` after ``all_gather`` (the gather needs the peer ranks)."""
+
+    def __init__(self, local: int, gathered: list[int]):
+        self.num_tokens = self.num_tokens_for_logprob = local
+        self.global_num_tokens = self.global_num_tokens_for_logprob = list(gathered)
+        self.tp0_info = self.tp0_info_cpu = None  # the gathered rows: the draft vote is not under test here
+
+    def __getattr__(self, name: str) -> Any:
+        return False if "graph" not in name else True  # decode-graph votes yes; other group fields off
+
+
+def server_args(target: str, draft: str) -> Any:
+    from sglang.srt.layers.moe import utils as moe_utils
+    from sglang.srt.server_args import ServerArgs
+
+    sa = ServerArgs(
+        model_path=DUMMY_MODEL, device="cpu", tp_size=2, dp_size=2, ep_size=2, enable_dp_attention=True,
+        enable_dp_lm_head=True, moe_dense_tp_size=1, skip_tokenizer_init=True, load_format="dummy",
+        speculative_algorithm="EAGLE", speculative_draft_model_path=DUMMY_MODEL,
+        moe_a2a_backend=target, speculative_moe_a2a_backend=draft,
+    )  # fmt: skip
+    publish_server_args(sa)
+    init = moe_utils.initialize_moe_config
+    init(sa) if inspect.signature(init).parameters else init()  # as the scheduler process does
+    return sa
+
+
+def gather_answers(sa: Any) -> tuple[bool, bool]:
+    """(target, draft) ``require_mlp_tp_gather`` as 0.5.15.post1-0.5.20 compute them (scheduler; draft runner)."""
+    from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
+    from sglang.srt.utils.common import require_mlp_tp_gather
+
+    def answer() -> bool:
+        return bool(require_mlp_tp_gather(sa) if inspect.signature(require_mlp_tp_gather).parameters else
+                    require_mlp_tp_gather())  # fmt: skip
+
+    target = answer()
+    with speculative_moe_a2a_backend_context():
+        draft = answer()
+    return target, draft
+
+
+def _answers_0523() -> tuple[bool, bool]:
+    """0.5.23's (target, draft) answers, taken from its real ``SchedulerDPAttnAdapter.prepare_mlp_sync_batch``."""
+    from sglang.srt.managers.scheduler_components import dp_attn
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    seen: dict[str, Any] = {}
+    raw = dp_attn.prepare_mlp_sync_batch_raw
+    dp_attn.prepare_mlp_sync_batch_raw = lambda *args, **kwargs: seen.update(kwargs)  # what it would be handed
+    try:
+        adapter = SimpleNamespace(  # STAND-IN: only what the method reads before it calls the raw sync
+            spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"), model_runner=None, get_idle_batch=None,
+            offload_tags=set(), sync_wait_carry=None,
+        )  # fmt: skip
+        dp_attn.SchedulerDPAttnAdapter.prepare_mlp_sync_batch(adapter, None)
+    finally:
+        dp_attn.prepare_mlp_sync_batch_raw = raw
+    return bool(seen["require_mlp_tp_gather"]), bool(seen["draft_require_mlp_tp_gather"])
+
+
+def _runner(draft_gather: bool) -> Any:
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, SpeculativeAlgorithm.from_string("EAGLE"))
+    runner.require_mlp_tp_gather, runner.max_bs = draft_gather, MAX_BS
+    return runner
+
+
+def _row(view: Any, runner: Any) -> dict[str, Any]:
+    return {
+        "global_num_tokens_cpu": list(view.global_num_tokens_cpu),
+        "global_num_tokens_for_logprob_cpu": list(view.global_num_tokens_for_logprob_cpu),
+        "original_global_num_tokens_cpu": list(view.original_global_num_tokens_cpu),
+        "can_run_graph": bool(runner.can_run_graph(view)),
+    }
+
+
+def oracle_rows(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[str, Any]]:
+    """0.5.23: each rank's draft ForwardBatch counts and draft-graph decision."""
+    from sglang.srt.managers.scheduler_components.dp_attn import _update_gather_batch
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    server_args(target, draft)
+    target_gather, draft_gather = _answers_0523()
+    rows = []
+    for local in counts:
+        batch = SimpleNamespace(dp_spec_prefill_coordination_applied=False)  # STAND-IN: the fields the two read
+        _update_gather_batch(batch, GatheredSyncInfoStandIn(local, list(counts)), target_gather, draft_gather)
+        view = object.__new__(ForwardBatch)
+        view.spec_info, view.batch_size = None, local
+        view.init_mlp_sync_metadata(batch, "cpu", is_draft_worker=True)
+        rows.append(_row(view, _runner(draft_gather)))
+    return rows
+
+
+def release_rows(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[str, Any]]:
+    """0.5.15.post1-0.5.20 (stock, or with the plugin applied): the same rows through ``ForwardBatch.init_new``."""
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler_components.dp_attn import _update_gather_batch
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    target_gather, draft_gather = gather_answers(server_args(target, draft))
+    algo = SpeculativeAlgorithm.from_string("EAGLE")
+    kwargs = {}
+    if "return_hidden_states_before_norm" in inspect.signature(inspect.unwrap(ForwardBatch.init_new)).parameters:
+        kwargs = {"return_hidden_states_before_norm": False}
+    rows = []
+    for rank, local in enumerate(counts):
+        reqs = [
+            Req(f"r{rank}-{i}", "", array("i", [1, 2, 3, 4]), SamplingParams(max_new_tokens=8)) for i in range(local)
+        ]
+        mode = ForwardMode.DECODE if local else ForwardMode.IDLE
+        batch = ScheduleBatch(reqs=reqs, forward_mode=mode, spec_algorithm=algo)
+        _update_gather_batch(batch, GatheredSyncInfoStandIn(local, list(counts)), target_gather)
+        decode_tensors(batch)
+        draft_model_runner = ModelRunnerStandIn(device="cpu", spec_algorithm=algo, is_draft_worker=True)
+        view = ForwardBatch.init_new(batch, draft_model_runner, **kwargs)
+        rows.append(_row(view, _runner(draft_gather)))
+    return rows

@@ -1,0 +1,124 @@
+"""draft_token_counts — the draft model's own DP token counts when its MoE a2a backend gathers differently.
+
+Why:      ``--speculative-moe-a2a-backend`` can answer SGLang's ``require_mlp_tp_gather`` differently from
+          ``--moe-a2a-backend`` (FP4 NextN recipes: target ``deepep``, draft ``none``). The scheduler stores the
+          target's per-rank counts on the batch, and the draft graph runner buckets on them: each rank then sizes
+          its draft step from its own count while the draft's gathered MoE needs one size for all, and ranks split
+          between draft graph and eager, or between buckets (#32182). The draft-graph vote cannot help: it votes
+          on a path the counts have already split.
+How:      No collective: the MLP-sync gather already holds every rank's counts. Two seams, as upstream #32196:
+            * ``_update_gather_batch`` (on top of draft_graph_vote's wrapper): when the draft's answer differs from
+              the target's, keep the draft's counts on the batch: the gathered lists when the draft gathers,
+              ``[local]`` when it does not (``draft_global_num_tokens(_for_logprob)``, upstream's names);
+            * ``ForwardBatch.init_new`` for a draft model runner (``model_runner.is_draft_worker``; draft decode,
+              draft extend and idle): SGLang's own count handling reads those lists, lent to the batch for the
+              call and restored exactly afterwards. Target verify and the target forward are untouched.
+          The draft's answer is SGLang's ``require_mlp_tp_gather`` inside ``speculative_moe_a2a_backend_context()``,
+          what the draft runner computes, once per scheduler process (at its first MLP-sync round).
+Releases: 0.5.15.post1 – 0.5.20 (group dp_draft_vote: it stacks on the vote's two wrappers). Superseded from 0.5.21.
+Removable when: the oldest supported release carries upstream #32196 (0.5.21).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
+from sglang_dp_mtp_fix.patches._detect import classify_group
+from sglang_dp_mtp_fix.patches.draft_graph_vote import DP_ATTN, FORWARD_INIT, SCHEDULE_BATCH, UPDATE_BATCH
+
+DRAFT_COUNTS = "draft_global_num_tokens"
+DRAFT_COUNTS_FOR_LOGPROB = "draft_global_num_tokens_for_logprob"
+
+SB_COUNTS = Target(SCHEDULE_BATCH, "ScheduleBatch", Kind.ADD, attr=DRAFT_COUNTS, fingerprinted=False)
+SB_COUNTS_FOR_LOGPROB = Target(
+    SCHEDULE_BATCH, "ScheduleBatch", Kind.ADD, attr=DRAFT_COUNTS_FOR_LOGPROB, fingerprinted=False
+)
+# Premises (fingerprinted, never changed): the draft runner's answer is require_mlp_tp_gather inside the
+# speculative backend context; the sync hands _update_gather_batch the target's answer as ``require_mlp_tp_gather``.
+GATHER_ANSWER = Target("sglang.srt.utils.common", "require_mlp_tp_gather", Kind.CHECK)
+DRAFT_CONTEXT = Target("sglang.srt.layers.moe.utils", "speculative_moe_a2a_backend_context", Kind.CHECK)
+SYNC_RAW = Target(DP_ATTN, "prepare_mlp_sync_batch_raw", Kind.CHECK)
+# 0.5.20 reads the counts in this method, called by init_new; earlier releases read them inline in init_new.
+SYNC_METADATA = Target(
+    "sglang.srt.model_executor.forward_batch_info", "ForwardBatch.init_mlp_sync_metadata", Kind.CHECK, required=False
+)
+
+
+def draft_gathers() -> bool:
+    """The draft's ``require_mlp_tp_gather`` as the draft runner computes it, from this process's ServerArgs."""
+    from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
+    from sglang.srt.utils.common import require_mlp_tp_gather
+
+    with speculative_moe_a2a_backend_context():
+        if inspect.signature(require_mlp_tp_gather).parameters:  # <= 0.5.17 takes the server args
+            from sglang.srt.server_args import get_global_server_args
+
+            return bool(require_mlp_tp_gather(get_global_server_args()))
+        return bool(require_mlp_tp_gather())
+
+
+class DraftTokenCounts(Patch):
+    id = "draft_token_counts"
+    summary = "the draft's own DP token counts when its MoE a2a backend gathers differently (upstream #32196)"
+    requires = ("draft_graph_vote",)
+    targets = (
+        UPDATE_BATCH,
+        FORWARD_INIT,
+        SB_COUNTS,
+        SB_COUNTS_FOR_LOGPROB,
+        GATHER_ANSWER,
+        DRAFT_CONTEXT,
+        SYNC_RAW,
+        SYNC_METADATA,
+    )
+
+    def classify(self) -> None:
+        classify_group()
+
+    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+        update_batch = resolved[UPDATE_BATCH].raw
+        forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
+        # The draft's answer, computed at the first sync round: one scheduler per process, its ServerArgs fixed.
+        answer: list[bool] = []
+
+        def draft_answer() -> bool:
+            if not answer:
+                answer.append(draft_gathers())
+            return answer[0]
+
+        @functools.wraps(update_batch)
+        def _update_gather_batch(
+            batch: Any, mlp_sync_info: Any, require_mlp_tp_gather: bool, *args: Any, **kwargs: Any
+        ) -> Any:
+            result = update_batch(batch, mlp_sync_info, require_mlp_tp_gather, *args, **kwargs)
+            draft = draft_answer()
+            if draft != bool(require_mlp_tp_gather):
+                if draft:
+                    counts = mlp_sync_info.global_num_tokens
+                    for_logprob = mlp_sync_info.global_num_tokens_for_logprob
+                else:
+                    counts, for_logprob = [mlp_sync_info.num_tokens], [mlp_sync_info.num_tokens_for_logprob]
+                batch.draft_global_num_tokens, batch.draft_global_num_tokens_for_logprob = counts, for_logprob
+            return result
+
+        @functools.wraps(forward_init)
+        def init_new(cls: Any, batch: Any, model_runner: Any, *args: Any, **kwargs: Any) -> Any:
+            counts = batch.draft_global_num_tokens
+            if counts is None or getattr(model_runner, "is_draft_worker", False) is not True:
+                return forward_init(cls, batch, model_runner, *args, **kwargs)
+            target = batch.global_num_tokens, batch.global_num_tokens_for_logprob
+            batch.global_num_tokens, batch.global_num_tokens_for_logprob = counts, batch.draft_global_num_tokens_for_logprob
+            try:
+                return forward_init(cls, batch, model_runner, *args, **kwargs)
+            finally:
+                batch.global_num_tokens, batch.global_num_tokens_for_logprob = target
+
+        return {
+            UPDATE_BATCH: _update_gather_batch,
+            FORWARD_INIT: classmethod(init_new),
+            SB_COUNTS: None,
+            SB_COUNTS_FOR_LOGPROB: None,
+        }
