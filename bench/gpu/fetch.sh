@@ -19,8 +19,10 @@ import glob, sys, zipfile
 v = sys.argv[1]
 src = zipfile.ZipFile(glob.glob(f'/tmp/gpucarry-sg/sglang-{v}-*.whl')[0])
 dst = zipfile.ZipFile(f'.gpucarry/sg/sglang-{v}-trimmed.zip', 'w', zipfile.ZIP_DEFLATED, compresslevel=9)
-drop = lambda n: any(k in n for k in ('rust_extensions/_server', 'rust_extensions/_grpc', 'rust_extensions/_multimodal')) \
-    or n.startswith(('sglang/multimodal_gen/', 'sglang/test/'))
+# Rust extensions: up to 0.5.17 they are sglang/srt/{server,grpc,multimodal}/_core*.so (the rust_extensions/_* names
+# alone matched nothing there: 0.5.17's "trimmed" wheel stayed 19.2 MB instead of 9.2); 0.5.20 has rust_extensions/_*
+rust = ('sglang/srt/server/_core', 'sglang/srt/grpc/_core', 'sglang/srt/multimodal/_core', 'sglang/srt/rust_extensions/_')
+drop = lambda n: n.startswith(rust + ('sglang/multimodal_gen/', 'sglang/test/'))
 for i in src.infolist():
     if not drop(i.filename):
         dst.writestr(i, src.read(i.filename))

@@ -1,0 +1,162 @@
+"""TEST-ONLY SGLang plugin ``seedless_trigger``: the seed's hang trigger on a model without DSA attention.
+
+Not product code: it lives in bench/gpu/server/, is never installed with sglang-dp-mtp-fix, and acts only in a
+scheduler process whose environment sets ``SEEDLESS_TRIGGER_DIR``. It never imports or touches the plugin.
+
+What it emulates. The reported hang needs a *seeding* EAGLE draft worker (GLM-5.2 MTP with IndexShare: the draft
+step reads a DSA top-k seed published by the previous draft-extend) and a PD arrival that has no seed yet. SGLang's
+own guard in ``EagleDraftWorker.draft`` then sends that rank's draft step eager while a peer DP rank replays the
+draft CUDA graph. The tiny Qwen3-MoE here has no DSA, so SGLang reads ``seed_dsa_topk_from_draft_extend = False``.
+
+How (one seam, SGLang does the rest). ``EagleDraftWorker.__init__`` calls ``_init_dsa_index_share_state`` right
+after loading the draft model and before it builds the draft attention backends and captures the draft and
+draft-extend CUDA graphs. The wrapper lets SGLang read the hf_config first, then sets the values SGLang derives for
+a GLM-5.2 IndexShare draft model: ``index_share_for_mtp_iteration`` (topk 1 only, as SGLang requires),
+``dsa_index_topk = SEEDLESS_TRIGGER_TOPK`` (8) and so ``seed_dsa_topk_from_draft_extend``. SGLang then allocates
+its seed buffers, each draft-extend publishes a seed for the next draft step, and a non-idle draft batch without a
+seed goes eager. The hf_config is untouched, so PD metadata carries no seed and ``build_eagle_disagg_draft_input``
+builds every PD arrival seedless for its first draft step. No DSA kernel runs; the model never reads the seed.
+
+Observer. ``eagle_worker_v2.prepare_for_draft`` (the module name ``draft()`` calls) is re-pointed once the draft
+worker exists (end of ``Scheduler.maybe_init_draft_worker``), and each draft step appends one JSON line to
+``$SEEDLESS_TRIGGER_DIR/rank<R>.jsonl``: batch, seed shape, ``can_run`` (which holds the plugin's group vote where
+it is applied), stock's guard on the same objects, and the path taken. SIGUSR1 dumps every thread's stack
+(``faulthandler``) to ``stack-<pid>.txt`` there.
+
+Knobs: ``SEEDLESS_TRIGGER_INIT_COMMS=1`` runs one 1-element all-reduce on the device group of every SGLang group of
+more than one rank at that same point on every rank, so that torch's NCCL communicators exist before the first
+request (the steady state of a server that ran an eager collective before; torch creates them lazily).
+``SEEDLESS_TRIGGER_CPU_VOTE=1`` (CPU dry runs only) makes a ``--disable-cuda-graph`` launch carry the graph vote.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import inspect
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+_MARK = "_seedless_trigger_wrapped"
+_state: dict[str, Any] = {"out": None, "rank": None, "step": 0, "worker": None}
+
+
+def register() -> None:
+    records = os.environ.get("SEEDLESS_TRIGGER_DIR")
+    scheduler_mod = sys.modules.get("sglang.srt.managers.scheduler")
+    if not records or scheduler_mod is None:  # asked for, and a scheduler process (it imports the scheduler first)
+        return
+    # kept referenced for the life of the process: faulthandler writes to its descriptor from the signal handler
+    _state["stack_file"] = open(os.path.join(records, f"stack-{os.getpid()}.txt"), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=_state["stack_file"], all_threads=True)
+
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    read_config = EagleDraftWorker.__dict__["_init_dsa_index_share_state"]
+    if getattr(read_config, _MARK, False):
+        return
+    width = int(os.environ.get("SEEDLESS_TRIGGER_TOPK", "8"))
+
+    @functools.wraps(read_config)
+    def seeding_state(self: Any) -> None:
+        read_config(self)
+        self.index_share_for_mtp_iteration = self.topk == 1
+        self.dsa_index_topk = width
+        self.seed_dsa_topk_from_draft_extend = self.index_share_for_mtp_iteration
+
+    setattr(seeding_state, _MARK, True)
+    EagleDraftWorker._init_dsa_index_share_state = seeding_state
+
+    init_draft = scheduler_mod.Scheduler.__dict__["maybe_init_draft_worker"]
+
+    @functools.wraps(init_draft)
+    def maybe_init_draft_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = init_draft(self, *args, **kwargs)
+        _observe(self, records)
+        return out
+
+    scheduler_mod.Scheduler.maybe_init_draft_worker = maybe_init_draft_worker
+
+
+def _write(rec: dict[str, Any]) -> None:
+    _state["out"].write(json.dumps(rec) + "\n")
+
+
+def _observe(scheduler: Any, records: str) -> None:
+    from sglang.srt.speculative import eagle_worker_v2
+
+    rank = int(scheduler.ps.attn_dp_rank)
+    _state["rank"] = rank
+    _state["out"] = open(os.path.join(records, f"rank{rank}.jsonl"), "a", buffering=1)  # noqa: SIM115
+    worker = _state["worker"] = getattr(scheduler.draft_worker, "_draft_worker", None)
+    _write({"kind": "meta", "rank": rank, "pid": os.getpid(), "t": time.time(),
+            "seeding": getattr(worker, "seed_dsa_topk_from_draft_extend", None),
+            "dsa_index_topk": getattr(worker, "dsa_index_topk", None),
+            "overlap": bool(getattr(scheduler, "enable_overlap", False))})  # fmt: skip
+    if os.environ.get("SEEDLESS_TRIGGER_INIT_COMMS") == "1":
+        _create_torch_communicators(rank)
+    if os.environ.get("SEEDLESS_TRIGGER_CPU_VOTE") == "1":
+        _cpu_vote()
+
+    prepare = eagle_worker_v2.__dict__["prepare_for_draft"]
+
+    @functools.wraps(prepare)
+    def prepare_for_draft(draft_input: Any, pool: Any, batch: Any, runner: Any, *rest: Any, **kw: Any) -> Any:
+        forward_batch, can_run = prepare(draft_input, pool, batch, runner, *rest, **kw)
+        try:
+            _record(draft_input, batch, forward_batch, can_run)
+        except Exception as exc:  # noqa: BLE001 - the observer never changes the run
+            _write({"kind": "observer-error", "rank": _state["rank"], "error": repr(exc)})
+        return forward_batch, can_run
+
+    eagle_worker_v2.prepare_for_draft = prepare_for_draft
+
+
+def _create_torch_communicators(rank: int) -> None:
+    import torch
+    from sglang.srt.distributed import parallel_state
+
+    names = []
+    for name in sorted(parallel_state._groups):
+        group = parallel_state._groups[name]()
+        if group is None or group.world_size < 2 or group.device_group is None:
+            continue
+        torch.distributed.all_reduce(torch.zeros(1, device=group.device), group=group.device_group)
+        names.append(name)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    _write({"kind": "init-comms", "rank": rank, "groups": names})
+
+
+def _cpu_vote() -> None:
+    from sglang.srt.managers.scheduler_components import dp_attn
+
+    raw = dp_attn.prepare_mlp_sync_batch_raw
+    sig = inspect.signature(raw)
+
+    @functools.wraps(raw)
+    def prepare_mlp_sync_batch_raw(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(*args, **kwargs)
+        bound.arguments["disable_cuda_graph"] = False
+        return raw(*bound.args, **bound.kwargs)
+
+    dp_attn.prepare_mlp_sync_batch_raw = prepare_mlp_sync_batch_raw
+
+
+def _record(draft_input: Any, batch: Any, forward_batch: Any, can_run: Any) -> None:
+    _state["step"] += 1
+    idle = forward_batch.forward_mode.is_idle()
+    seed = getattr(draft_input, "dsa_topk_indices", None)
+    seeding = bool(getattr(_state["worker"], "seed_dsa_topk_from_draft_extend", False))
+    guard = bool(can_run) and not idle and seeding and seed is None  # EagleDraftWorker.draft's own test
+    gnt = forward_batch.global_num_tokens_cpu
+    reqs = batch.reqs or []
+    _write({"kind": "draft", "rank": _state["rank"], "step": _state["step"], "t": round(time.time(), 4),
+            "mode": forward_batch.forward_mode.name, "bs": len(reqs), "rids": [str(r.rid) for r in reqs][:8],
+            "global_num_tokens": None if gnt is None else list(gnt),
+            "seed": None if seed is None else list(seed.shape), "can_run": bool(can_run),
+            "stock_guard_eager": guard, "path": "graph" if can_run and not guard else "eager"})  # fmt: skip
