@@ -34,7 +34,7 @@ def expected_status() -> str:
     return "not-affected"
 
 
-VOTE_GROUP = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
+VOTE_GROUP = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote", "draft_token_counts")
 LOCAL_ROWS_AFFECTED = ("0.5.16", "0.5.17", "0.5.18")  # idle ranks run the full eager draft loop + topk1 assert
 
 

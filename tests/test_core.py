@@ -215,3 +215,35 @@ def test_one_of_premise_needs_one_present_home():
     # a required target in a module that does not exist stays an import problem
     outcomes, _ = PatchManager([_OneOfPatch.make(Target(gone_module.module, "f", Kind.CHECK))]).plan(Config())
     assert outcomes[0].status is Status.UNSUPPORTED and "cannot be imported" in outcomes[0].reason
+
+
+@affected_only
+def test_a_wrapper_stacks_only_on_a_patch_it_requires(restored):
+    """draft_token_counts wraps two targets draft_graph_vote already wraps: stacked on top, one change per
+    attribute keeps the true original (restore by identity). A patch that does not require the one below is refused
+    and the whole transaction rolls back (a patch in another group could stand down alone and drop the other's
+    wrapper)."""
+    from sglang_dp_mtp_fix.patches.draft_graph_vote import UPDATE_BATCH, DraftGraphVote
+
+    dp_attn = importlib.import_module("sglang.srt.managers.scheduler_components.dp_attn")
+    original = dp_attn._update_gather_batch
+    restored.register()
+    outer = dp_attn._update_gather_batch
+    assert getattr(outer, MARKER) == "draft_token_counts"
+    assert getattr(outer.__wrapped__, MARKER) == "draft_graph_vote" and outer.__wrapped__.__wrapped__ is original
+    restored.restore()
+    assert dp_attn._update_gather_batch is original
+
+    class Stranger(DraftGraphVote.__bases__[0]):  # a bare Patch on the vote's target, without ``requires``
+        id = "stranger"
+        targets = (UPDATE_BATCH,)
+
+        def replacements(self, resolved):
+            return {UPDATE_BATCH: lambda *a, **k: resolved[UPDATE_BATCH].raw(*a, **k)}
+
+    before = _snapshot()
+    outcomes = {o.id: o for o in PatchManager([*all_patches(), Stranger()]).apply(Config())}
+    assert outcomes["stranger"].status is Status.UNSUPPORTED
+    assert "is wrapped by draft_graph_vote, which stranger does not require" in outcomes["stranger"].reason
+    assert all(o.status is not Status.APPLIED for o in outcomes.values())
+    assert _snapshot() == before and dp_attn._update_gather_batch is original

@@ -105,7 +105,7 @@ def test_only_the_draft_forward_reads_the_draft_counts_and_the_batch_is_restored
     dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 12]), False)  # the live one: patched
     own = batch.global_num_tokens, batch.global_num_tokens_for_logprob
     assert own == ([2], [2]) and batch.draft_global_num_tokens == [2, 12]
-    with pytest.raises(Exception):  # no decode tensors yet: SGLang's init_new fails inside the lent counts
+    with pytest.raises((AttributeError, TypeError)):  # no decode tensors yet: init_new fails inside the lent counts
         ForwardBatch.init_new(batch, ModelRunnerStandIn(device="cpu", is_draft_worker=True), **_init_kwargs())
     assert (batch.global_num_tokens, batch.global_num_tokens_for_logprob) == own
     assert batch.global_num_tokens is own[0] and batch.global_num_tokens_for_logprob is own[1]
@@ -163,3 +163,28 @@ def test_the_refusal_stands_where_the_patch_does_not_apply(monkeypatch, caplog):
     for target, draft in (("none", "none"), ("deepep", "deepep"), ("none", "deepep")):
         ok = SimpleNamespace(server_args=server_args(target, draft), draft_worker=object())  # STAND-IN
         assert draft_token_counts_hazard(ok) is None, (target, draft)
+
+
+def test_an_unreadable_draft_answer_leaves_the_group_stock_with_one_line(restored, monkeypatch, caplog):
+    """The draft's answer cannot be read at scheduler start: auto puts the group back to stock on that scheduler and
+    says why in one line; strict stops."""
+    from sglang_dp_mtp_fix.patches import draft_token_counts
+
+    def unreadable(server_args: Any = None) -> bool:
+        raise RuntimeError("no speculative backend context")
+
+    scheduler = SimpleNamespace(server_args=server_args("none", "none"), draft_worker=object())  # STAND-IN
+    monkeypatch.setattr(draft_token_counts, "draft_gathers", unreadable)
+    monkeypatch.setenv(MODE_ENV, "auto")
+    outcomes = {o.id: o for o in restored.register()}
+    with caplog.at_level(logging.INFO, logger="sglang_dp_mtp_fix"):
+        restored.check_startup_hazards(scheduler, restored.last_config)
+    lines = [r.getMessage() for r in caplog.records if "cannot start on this scheduler" in r.getMessage()]
+    assert len(lines) == 1 and "no speculative backend context" in lines[0], lines
+    assert lines[0].endswith("left stock on this scheduler (auto; strict stops): " + ", ".join(VOTE_GROUP)), lines
+    assert all(outcomes[pid].status.value == "unsupported" for pid in VOTE_GROUP)
+    restored.restore()
+    monkeypatch.setenv(MODE_ENV, "strict")
+    restored.register()
+    with pytest.raises(restored.StartupHazard, match="draft_token_counts cannot start on this scheduler"):
+        restored.check_startup_hazards(scheduler, restored.last_config)

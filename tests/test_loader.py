@@ -212,7 +212,7 @@ from sglang.srt.managers.scheduler_components import dp_attn
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 live = dp_attn._update_gather_batch
 inner = getattr(live, "__wrapped__", None)
-assert getattr(inner, "__sglang_dp_mtp_fix_patch__", None) == "draft_graph_vote", "ours must sit under the hook"
+assert getattr(inner, "__sglang_dp_mtp_fix_patch__", None) == "draft_token_counts", "ours must sit under the hook"
 class Info: pass
 info = Info(); info.num_tokens = 1; info.num_tokens_for_logprob = 1
 for name in ("can_cuda_graph", "can_run_decode_cuda_graph", "can_run_breakable_cuda_graph",

@@ -121,6 +121,10 @@ class Patch:
         """Feature detection that needs the imported modules: runs right before the targets are checked (for a
         deferred patch: once its module is imported). Raise ``Verdict`` or ``TargetProblem``."""
 
+    def at_scheduler_start(self, scheduler: Any) -> None:
+        """Runs once per scheduler, at the end of its ``__init__``, for an applied patch: read what only the built
+        scheduler knows (its ServerArgs, its workers). Raise ``TargetProblem`` when it cannot be read."""
+
     config: Config = Config()  # set by the manager before ``replacements`` (load-time choices such as stats)
 
     def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
@@ -529,7 +533,9 @@ class PatchManager:
             below = self._change_at(res.owner, res.attr) if target.kind is Kind.WRAP else None
             if below is not None:
                 if below.patch_id not in patch.requires:
-                    raise RuntimeError(f"{target.name} is wrapped by {below.patch_id}, which {patch.id} does not require")
+                    raise RuntimeError(
+                        f"{target.name} is wrapped by {below.patch_id}, which {patch.id} does not require"
+                    )
                 stacked[target] = below
         view = {t: replace(r, raw=stacked[t].new) if t in stacked else r for t, r in resolved.items()}
         new_values = patch.replacements(view)

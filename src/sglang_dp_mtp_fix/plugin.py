@@ -192,6 +192,14 @@ def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager 
     (a rank that differs is a mismatch the check then stops)."""
     manager = manager or get_manager()
     status = {o.id: o for o in manager.outcomes or []}
+    for patch in manager.patches:
+        if patch.id in status and status[patch.id].status is Status.APPLIED:
+            try:
+                patch.at_scheduler_start(scheduler)
+            except Exception as exc:  # noqa: BLE001 - what the patch needs cannot be read: stock, never a crash
+                _refuse(
+                    manager, config, patch.id, f"sglang-dp-mtp-fix: {patch.id} cannot start on this scheduler: {exc}"
+                )
     for check, refuses, fixed_by in _startup_checks.CHECKS:
         fix = status.get(fixed_by or "")
         if fix is not None and fix.status is Status.APPLIED:
@@ -205,16 +213,23 @@ def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager 
             continue
         if fix is not None:
             line += f" [{fix.id} is {fix.status.value}: {fix.reason}]"
-        if config.strict:
-            raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
         if refuses:
-            group = next((g for g in groups(manager.patches) if any(p.id == refuses for p in g)), [])
-            ids = [
-                p.id for p in group if any(o.id == p.id and o.status is Status.APPLIED for o in manager.outcomes or [])
-            ]
-            if ids:
-                not_restored = manager.stand_down(ids, f"left stock at scheduler start: {line}")
-                line += f"; left stock on this scheduler (auto; strict stops): {', '.join(ids)}"
-                if not_restored:
-                    line += f" (not restored, another hook wraps them now: {', '.join(not_restored)})"
-        report.logger.warning(line)
+            _refuse(manager, config, refuses, line)
+        elif config.strict:
+            raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
+        else:
+            report.logger.warning(line)
+
+
+def _refuse(manager: PatchManager, config: Config, patch_id: str, line: str) -> None:
+    """strict: stop. auto: put ``patch_id``'s whole group back to stock on this scheduler, and say so in one line."""
+    if config.strict:
+        raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
+    group = next((g for g in groups(manager.patches) if any(p.id == patch_id for p in g)), [])
+    ids = [p.id for p in group if any(o.id == p.id and o.status is Status.APPLIED for o in manager.outcomes or [])]
+    if ids:
+        not_restored = manager.stand_down(ids, f"left stock at scheduler start: {line}")
+        line += f"; left stock on this scheduler (auto; strict stops): {', '.join(ids)}"
+        if not_restored:
+            line += f" (not restored, another hook wraps them now: {', '.join(not_restored)})"
+    report.logger.warning(line)

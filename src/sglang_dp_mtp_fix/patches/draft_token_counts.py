@@ -14,7 +14,7 @@ How:      No collective: the MLP-sync gather already holds every rank's counts. 
               draft extend and idle): SGLang's own count handling reads those lists, lent to the batch for the
               call and restored exactly afterwards. Target verify and the target forward are untouched.
           The draft's answer is SGLang's ``require_mlp_tp_gather`` inside ``speculative_moe_a2a_backend_context()``,
-          what the draft runner computes, once per scheduler process (at its first MLP-sync round).
+          what the draft runner computes, read once at scheduler start (unreadable: the group stays stock).
 Releases: 0.5.15.post1 – 0.5.20 (group dp_draft_vote: it stacks on the vote's two wrappers). Superseded from 0.5.21.
 Removable when: the oldest supported release carries upstream #32196 (0.5.21).
 """
@@ -47,17 +47,20 @@ SYNC_METADATA = Target(
 )
 
 
-def draft_gathers() -> bool:
-    """The draft's ``require_mlp_tp_gather`` as the draft runner computes it, from this process's ServerArgs."""
+def draft_gathers(server_args: Any = None) -> bool:
+    """The draft's ``require_mlp_tp_gather`` as the draft runner computes it (``server_args``: the scheduler's;
+    None: this process's published ones)."""
     from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
     from sglang.srt.utils.common import require_mlp_tp_gather
 
     with speculative_moe_a2a_backend_context():
-        if inspect.signature(require_mlp_tp_gather).parameters:  # <= 0.5.17 takes the server args
+        if not inspect.signature(require_mlp_tp_gather).parameters:  # 0.5.18+ reads the published ServerArgs
+            return bool(require_mlp_tp_gather())
+        if server_args is None:
             from sglang.srt.server_args import get_global_server_args
 
-            return bool(require_mlp_tp_gather(get_global_server_args()))
-        return bool(require_mlp_tp_gather())
+            server_args = get_global_server_args()
+        return bool(require_mlp_tp_gather(server_args))
 
 
 class DraftTokenCounts(Patch):
@@ -75,18 +78,32 @@ class DraftTokenCounts(Patch):
         SYNC_METADATA,
     )
 
+    def __init__(self) -> None:
+        # The draft's require_mlp_tp_gather once known; None: this scheduler has no draft under DP attention.
+        self.answer: list[bool | None] = []
+
     def classify(self) -> None:
         classify_group()
+
+    def at_scheduler_start(self, scheduler: Any) -> None:
+        server_args = getattr(scheduler, "server_args", None)
+        if getattr(scheduler, "draft_worker", None) is None or not getattr(server_args, "enable_dp_attention", False):
+            self.answer[:] = [None]  # nothing to size: no draft, or no DP ranks to agree with
+            return
+        self.answer[:] = [draft_gathers(server_args)]  # unreadable: raises, and the group stays stock here
 
     def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
         update_batch = resolved[UPDATE_BATCH].raw
         forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
-        # The draft's answer, computed at the first sync round: one scheduler per process, its ServerArgs fixed.
-        answer: list[bool] = []
+        self.answer.clear()  # a fresh application (tests apply the plugin again under other ServerArgs)
+        answer = self.answer
 
-        def draft_answer() -> bool:
-            if not answer:
-                answer.append(draft_gathers())
+        def draft_answer() -> bool | None:
+            if not answer:  # no scheduler start in this process (the rank harness): its published ServerArgs
+                try:
+                    answer.append(draft_gathers())
+                except Exception:  # noqa: BLE001 - no ServerArgs at all: not a scheduler, nothing to size
+                    answer.append(None)
             return answer[0]
 
         @functools.wraps(update_batch)
@@ -95,7 +112,7 @@ class DraftTokenCounts(Patch):
         ) -> Any:
             result = update_batch(batch, mlp_sync_info, require_mlp_tp_gather, *args, **kwargs)
             draft = draft_answer()
-            if draft != bool(require_mlp_tp_gather):
+            if draft is not None and draft != bool(require_mlp_tp_gather):
                 if draft:
                     counts = mlp_sync_info.global_num_tokens
                     for_logprob = mlp_sync_info.global_num_tokens_for_logprob
@@ -110,7 +127,8 @@ class DraftTokenCounts(Patch):
             if counts is None or getattr(model_runner, "is_draft_worker", False) is not True:
                 return forward_init(cls, batch, model_runner, *args, **kwargs)
             target = batch.global_num_tokens, batch.global_num_tokens_for_logprob
-            batch.global_num_tokens, batch.global_num_tokens_for_logprob = counts, batch.draft_global_num_tokens_for_logprob
+            batch.global_num_tokens = counts
+            batch.global_num_tokens_for_logprob = batch.draft_global_num_tokens_for_logprob
             try:
                 return forward_init(cls, batch, model_runner, *args, **kwargs)
             finally:
