@@ -26,6 +26,8 @@ from launchlib import (
     serve,
 )
 
+from sglang_dp_mtp_fix.patches import PATCH_IDS
+
 pytestmark = [
     pytest.mark.skipif(
         SGLANG_VERSION not in LAUNCHES_HERE,
@@ -50,7 +52,7 @@ STATS_LINE = re.compile(
 )
 PEER_PASSED = re.compile(
     r"^\[[^\]]* DP(?P<dp>\d) TP\d\] sglang-dp-mtp-fix: cross-rank patch-state check passed on rank (?P<rank>\d): "
-    r"2 ranks agree \(plugin \S+, \d+ of 6 patches applied, \d+ fingerprints\)$",
+    rf"2 ranks agree \(plugin \S+, \d+ of {len(PATCH_IDS)} patches applied, \d+ fingerprints\)$",
     re.M,
 )
 
