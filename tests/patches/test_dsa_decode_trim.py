@@ -232,10 +232,11 @@ def make_backend(impl: str, real: int, fused: bool, kernels: Kernels):
     gen = torch.Generator().manual_seed(7)
     backend = object.__new__(DeepseekSparseAttnBackend)
     page_table = torch.arange(1, real * CONTEXT + 1, dtype=torch.int32).view(real, CONTEXT)
+    one_per_request = torch.arange(real + 1, dtype=torch.int32)
     backend.forward_metadata = types.SimpleNamespace(  # STAND-IN: see module docstring
         page_table_1=page_table, cache_seqlens_int32=torch.full((real,), CONTEXT, dtype=torch.int32),
         dsa_cache_seqlens_int32=torch.full((real,), VALID, dtype=torch.int32), max_seq_len_k=CONTEXT,
-        dsa_cu_seqlens_q=torch.arange(real + 1, dtype=torch.int32), cu_seqlens_q=torch.arange(real + 1, dtype=torch.int32),
+        dsa_cu_seqlens_q=one_per_request, cu_seqlens_q=one_per_request,
         dsa_cu_seqlens_k=torch.arange(0, VALID * (real + 1), VALID, dtype=torch.int32), dsa_max_seqlen_q=1,
         max_seq_len_q=1, flashmla_metadata=types.SimpleNamespace(flashmla_metadata=torch.empty(0),
                                                                  num_splits=torch.zeros(real + 1, dtype=torch.int32)),
