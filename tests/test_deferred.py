@@ -143,7 +143,7 @@ def test_loading_the_plugin_imports_no_dsa_module_nor_model_runner():
     assert out["statuses"] == expected_statuses(dsa_imported=False)
     pending = {}
     if expected_statuses(dsa_imported=False)["dsa_idle_index"] == "not-loaded":
-        pending.update({DSA_INDEXER: 1, DSA_BACKEND: 1})
+        pending.update({DSA_INDEXER: 1, DSA_BACKEND: 2})  # dsa_trtllm_trim, dsa_decode_trim
         assert f"source of {DSA_INDEXER}" in out["state"] and f"source of {DSA_BACKEND}" in out["state"]
     if expected_statuses(dsa_imported=False)["draft_local_rows"] == "not-loaded":
         pending[MODEL_RUNNER] = 1
