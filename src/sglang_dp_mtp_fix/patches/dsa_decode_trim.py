@@ -7,18 +7,15 @@ Why:      Once DP ranks agree to run a step eagerly, the eager DP MLP-sync paddi
           non-fused page-table transform asserts ``page_table.shape[0] == topk_indices.shape[0]``; with fused top-k
           FlashMLA-KV, FA3 and FlashInfer get a query batch larger than their planned ``seq_lens``/``cu_seqlens_q``
           (a kernel shape check). A crash on one rank while its peers wait in the next MLP/EP collective.
-How:      Deferred until ``dsa_backend`` is imported, like ``dsa_trtllm_trim``. An around-wrapper on
-          ``DeepseekSparseAttnBackend.forward_decode`` (arguments in, output out; the body and every ``_forward_*``
-          are SGLang's, untouched): the failure is in the shared prologue, before any ``_forward_*`` is called, so
-          this is the first seam that sees the inputs. For a call whose query has more rows than the planned
-          metadata (``cache_seqlens_int32``) it passes the first ``real`` rows of the row-aligned inputs (``q``,
-          ``k``, ``v``, ``q_rope``, ``k_rope``, ``topk_indices``) and, for the call only, of
-          ``forward_batch.out_cache_loc`` (KV save) and ``forward_batch.batch_size`` (aiter), then zero-pads the
-          output back to the physical row count. Left stock: calls SGLang routes to ``_forward_trtllm`` (the
-          kpool resolver of 0.5.20 included: ``dsa_trtllm_trim``'s seam), HiSparse (its coordinator reads padded
-          ``req_pool_indices``/``seq_lens``), zero real rows (idle ranks never get here: the base ``forward``
-          returns early for IDLE), and every unpadded call (graph capture/replay, non-DP). No host sync: row
-          counts are shapes, slices are views.
+How:      Deferred until ``dsa_backend`` is imported. An around-wrapper on ``DeepseekSparseAttnBackend.forward_decode``
+          (arguments in, output out; its body and every ``_forward_*`` stay SGLang's): the first seam before the
+          failing prologue. When the query has more rows than the planned metadata (``cache_seqlens_int32``) it
+          passes the first ``real`` rows of ``q``, ``k``, ``v``, ``q_rope``, ``k_rope``, ``topk_indices`` and, for
+          the call only, of ``forward_batch.out_cache_loc`` (KV save) and ``batch_size`` (aiter), then zero-pads
+          the output to the physical rows. Stock call: TRT-LLM routes (0.5.20's kpool resolver asked too;
+          ``dsa_trtllm_trim``'s seam), HiSparse (its coordinator reads padded request rows), zero real rows (idle
+          ranks never get here: ``AttentionBackend.forward`` returns early for IDLE), unpadded calls (graphs,
+          non-DP). No host sync: row counts are shapes, slices are views.
 Releases: 0.5.15.post1 – 0.5.20 (three ``forward_decode`` bodies: 0.5.15.post1/0.5.16, 0.5.17–0.5.19, 0.5.20).
           Not trimmed upstream in 0.5.21–0.5.23 either (only ``_forward_trtllm`` is); the plugin stands down there.
 Removable when: the oldest supported release trims padded decode rows for every DSA decode backend upstream.
