@@ -38,7 +38,8 @@ VOTE_GROUP = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote", "
 LOCAL_ROWS_AFFECTED = ("0.5.16", "0.5.17", "0.5.18")  # idle ranks run the full eager draft loop + topk1 assert
 
 
-DEFERRED = ("dsa_idle_index", "dsa_trtllm_trim")  # applied when their module is imported (post-import hook)
+# Applied when their module is imported (post-import hook).
+DEFERRED = ("dsa_idle_index", "dsa_trtllm_trim", "dsa_decode_trim")
 DSA_MODULES = ("sglang.srt.layers.attention.dsa_backend", "sglang.srt.layers.attention.dsa.dsa_indexer")
 # draft_local_rows is deferred too, until the scheduler imports model_runner to build its ModelRunner.
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"

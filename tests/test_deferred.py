@@ -143,7 +143,7 @@ def test_loading_the_plugin_imports_no_dsa_module_nor_model_runner():
     assert out["statuses"] == expected_statuses(dsa_imported=False)
     pending = {}
     if expected_statuses(dsa_imported=False)["dsa_idle_index"] == "not-loaded":
-        pending.update({DSA_INDEXER: 1, DSA_BACKEND: 1})
+        pending.update({DSA_INDEXER: 1, DSA_BACKEND: 2})  # dsa_trtllm_trim, dsa_decode_trim
         assert f"source of {DSA_INDEXER}" in out["state"] and f"source of {DSA_BACKEND}" in out["state"]
     if expected_statuses(dsa_imported=False)["draft_local_rows"] == "not-loaded":
         pending[MODEL_RUNNER] = 1
@@ -166,14 +166,15 @@ from sglang.srt.models import deepseek_v2
 from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend as B
 marks = [getattr(f, "__sglang_dp_mtp_fix_patch__", None)
-         for f in (Indexer.forward_cuda, deepseek_v2.Indexer.forward_cuda, B._forward_trtllm)]
+         for f in (Indexer.forward_cuda, deepseek_v2.Indexer.forward_cuda, B._forward_trtllm, B.forward_decode)]
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
 Scheduler.__init__(Scheduler.__new__(Scheduler))  # the seam emits the held line (and would run the peer check)
 manager = plugin.get_manager()
 after = {o.id: o.status.value for o in manager.outcomes}
 fps = sorted(manager.fingerprints)
 plugin.restore()
-stock = [getattr(f, "__sglang_dp_mtp_fix_patch__", None) for f in (Indexer.forward_cuda, B._forward_trtllm)]
+stock = [getattr(f, "__sglang_dp_mtp_fix_patch__", None) for f in (Indexer.forward_cuda, B._forward_trtllm,
+                                                                   B.forward_decode)]
 print(json.dumps({"loaded": loaded, "after": after, "marks": marks, "stock": stock, "fps": fps}))
 """
 
@@ -185,13 +186,14 @@ def test_sglangs_model_import_fires_the_hooks_and_the_held_report_line_says_appl
     out = last_json(proc.stdout)
     assert out["loaded"] == expected_statuses(dsa_imported=False)
     assert out["after"] == expected_statuses()
-    assert out["marks"] == ["dsa_idle_index", "dsa_idle_index", "dsa_trtllm_trim"]  # also through a from-import copy
-    assert out["stock"] == [None, None]
+    # also through a from-import copy
+    assert out["marks"] == ["dsa_idle_index", "dsa_idle_index", "dsa_trtllm_trim", "dsa_decode_trim"]
+    assert out["stock"] == [None, None, None]
     assert f"{DSA_INDEXER}:Indexer.forward_cuda" in out["fps"] and f"{DSA_BACKEND}:" \
         "DeepseekSparseAttnBackend._forward_trtllm" in out["fps"]  # fmt: skip
     lines = [line for line in proc.stderr.splitlines() if line.startswith("INFO sglang_dp_mtp_fix sglang-dp-mtp-fix ")]
     assert len(lines) == 1, proc.stderr[-3000:]
-    assert "dsa_idle_index=applied" in lines[0] and "dsa_trtllm_trim=applied" in lines[0], lines
+    assert all(f"{pid}=applied" in lines[0] for pid in ("dsa_idle_index", "dsa_trtllm_trim", "dsa_decode_trim")), lines
 
 
 FOREIGN_HOOK_ON_INDEXER = """
@@ -228,7 +230,9 @@ def test_a_problem_at_the_hook_leaves_that_patch_stock_with_one_warning_and_the_
     out = last_json(proc.stdout)
     # dsa_backend: imported by the registry on 0.5.16+ (forward_mla); on 0.5.15.post1 only when a DSA backend is built
     backend = expected_statuses(dsa_imported=out["backend_imported"])["dsa_trtllm_trim"]
-    assert out["statuses"] == {**expected_statuses(), "dsa_idle_index": "unsupported", "dsa_trtllm_trim": backend}
+    assert out["statuses"] == {
+        **expected_statuses(), "dsa_idle_index": "unsupported", "dsa_trtllm_trim": backend, "dsa_decode_trim": backend,
+    }  # fmt: skip
     assert out["foreign"] and out["deepseek_v2"]  # the other plugin's wrapper stays; SGLang's model import completed
     ours = [line for line in proc.stderr.splitlines() if line.startswith("WARNING sglang_dp_mtp_fix")]
     assert len(ours) == 1 and "dsa_idle_index left stock when" in ours[0] and "another hook" in ours[0], ours

@@ -9,6 +9,7 @@
 | draft_local_rows       | (own)          | 7 (eager draft rows sliced to the local count) |
 | dsa_idle_index         | (own)          | 8 (idle DP ranks skip eager DSA index selection) |
 | dsa_trtllm_trim        | (own)          | 9 (TRT-LLM DSA decode: trim to the planned batch, zero-pad back) |
+| dsa_decode_trim        | (own)          | 9, for every other DSA decode backend (not in the PR; issue 27) |
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sglang_dp_mtp_fix.core import Patch
 from sglang_dp_mtp_fix.patches.draft_graph_vote import DraftGraphVote
 from sglang_dp_mtp_fix.patches.draft_local_rows import DraftLocalRows
 from sglang_dp_mtp_fix.patches.draft_token_counts import DraftTokenCounts
+from sglang_dp_mtp_fix.patches.dsa_decode_trim import DsaDecodeTrim
 from sglang_dp_mtp_fix.patches.dsa_idle_index import DsaIdleIndex
 from sglang_dp_mtp_fix.patches.dsa_trtllm_trim import DsaTrtllmTrim
 from sglang_dp_mtp_fix.patches.eager_draft_gate import EagerDraftGate
@@ -26,7 +28,7 @@ from sglang_dp_mtp_fix.patches.future_seed_authority import FutureSeedAuthority
 def all_patches() -> list[Patch]:
     return [
         FutureSeedAuthority(), EagerDraftGate(), DraftGraphVote(), DraftTokenCounts(), DraftLocalRows(), DsaIdleIndex(),
-        DsaTrtllmTrim(),
+        DsaTrtllmTrim(), DsaDecodeTrim(),
     ]  # fmt: skip
 
 

@@ -1,0 +1,120 @@
+"""dsa_decode_trim — every non-TRT-LLM DSA decode backend attends only the real rows the planned metadata describes.
+
+Why:      Once DP ranks agree to run a step eagerly, the eager DP MLP-sync padding (MAX_LEN) gives an active rank more
+          query / top-k rows than the DSA decode metadata planned before padding (one row per real request). The
+          TRT-LLM route is trimmed by ``dsa_trtllm_trim``; every other ``--dsa-decode-backend`` (FlashMLA sparse/KV,
+          FA3, FlashInfer sparse MLA, TileLang, Triton, aiter) runs ``forward_decode``'s shared prologue first, whose
+          non-fused page-table transform asserts ``page_table.shape[0] == topk_indices.shape[0]``; with fused top-k
+          FlashMLA-KV, FA3 and FlashInfer get a query batch larger than their planned ``seq_lens``/``cu_seqlens_q``
+          (a kernel shape check). A crash on one rank while its peers wait in the next MLP/EP collective.
+How:      Deferred until ``dsa_backend`` is imported. An around-wrapper on ``DeepseekSparseAttnBackend.forward_decode``
+          (arguments in, output out; its body and every ``_forward_*`` stay SGLang's): the first seam before the
+          failing prologue. When the query has more rows than the planned metadata (``cache_seqlens_int32``) it
+          passes the first ``real`` rows of ``q``, ``k``, ``v``, ``q_rope``, ``k_rope``, ``topk_indices`` and, for
+          the call only, of ``forward_batch.out_cache_loc`` (KV save) and ``batch_size`` (aiter), then zero-pads
+          the output to the physical rows. Stock call: TRT-LLM routes (0.5.20's kpool resolver asked too;
+          ``dsa_trtllm_trim``'s seam), HiSparse (its coordinator reads padded request rows), zero real rows (idle
+          ranks never get here: ``AttentionBackend.forward`` returns early for IDLE), unpadded calls (graphs,
+          non-DP). No host sync: row counts are shapes, slices are views.
+Releases: 0.5.15.post1 – 0.5.20 (three ``forward_decode`` bodies: 0.5.15.post1/0.5.16, 0.5.17–0.5.19, 0.5.20).
+          Not trimmed upstream in 0.5.21–0.5.23 either (only ``_forward_trtllm`` is); the plugin stands down there.
+Removable when: the oldest supported release trims padded decode rows for every DSA decode backend upstream.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Status, Target, Verdict
+from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict
+from sglang_dp_mtp_fix.patches.dsa_trtllm_trim import DSA_BACKEND, leading_rows, planned_decode_rows, zero_pad_rows
+from sglang_dp_mtp_fix.report import sglang_version
+
+FORWARD_DECODE = Target(DSA_BACKEND, "DeepseekSparseAttnBackend.forward_decode")
+# 0.5.20: decides per call whether forward_decode routes to _forward_trtllm (kpool tail); the wrapper asks it too.
+RESOLVE_KPOOL = Target(
+    "sglang.srt.layers.attention.dsa.dsa_backend_kpool",
+    "DeepseekSparseAttnBackendKPoolMixin._resolve_kpool_tail_backend",
+    Kind.CHECK,
+    required=False,
+)
+TRTLLM = "trtllm"
+
+
+def decode_impl(backend: Any, topk_indices: Any) -> str:
+    """The ``_forward_*`` SGLang's ``forward_decode`` will pick for this call (as its first lines decide it)."""
+    impl = str(getattr(backend, "dsa_decode_impl", ""))
+    resolve = getattr(backend, "_resolve_kpool_tail_backend", None)
+    return str(resolve(topk_indices, impl)) if resolve is not None else impl
+
+
+def make_forward_decode(original: Any) -> Any:
+    @functools.wraps(original)
+    def forward_decode(
+        self: Any,
+        q: Any,
+        k: Any,
+        v: Any,
+        layer: Any,
+        forward_batch: Any,
+        save_kv_cache: bool = True,
+        q_rope: Any = None,
+        k_rope: Any = None,
+        topk_indices: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        physical = q.shape[0]
+        real = planned_decode_rows(getattr(self, "forward_metadata", None))
+        if (
+            real is None
+            or not 0 < real < physical
+            or getattr(self, "hisparse_coordinator", None) is not None
+            or decode_impl(self, topk_indices) == TRTLLM
+        ):
+            # Unpadded (graph capture/replay, non-DP), TRT-LLM (dsa_trtllm_trim), HiSparse: the stock call.
+            return original(self, q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, topk_indices,
+                            *args, **kwargs)  # fmt: skip
+        out_cache_loc, batch_size = forward_batch.out_cache_loc, forward_batch.batch_size
+        forward_batch.out_cache_loc = leading_rows(out_cache_loc, real)
+        if isinstance(batch_size, int) and batch_size > real:
+            forward_batch.batch_size = real
+        try:
+            out = original(
+                self, leading_rows(q, real), leading_rows(k, real), leading_rows(v, real), layer, forward_batch,
+                save_kv_cache, leading_rows(q_rope, real), leading_rows(k_rope, real),
+                leading_rows(topk_indices, real), *args, **kwargs,
+            )  # fmt: skip
+        finally:
+            forward_batch.out_cache_loc, forward_batch.batch_size = out_cache_loc, batch_size
+        return zero_pad_rows(out, physical)
+
+    return forward_decode
+
+
+class DsaDecodeTrim(Patch):
+    id = "dsa_decode_trim"
+    summary = (
+        "non-TRT-LLM DSA decode (FlashMLA, FA3, FlashInfer, TileLang, Triton, aiter): trim DP-padded rows to the "
+        "planned real batch at forward_decode, zero-pad the output back"
+    )
+    targets = (FORWARD_DECODE, RESOLVE_KPOOL)
+    # Checked and applied when SGLang imports dsa_backend (see dsa_trtllm_trim); "not-loaded" until then.
+    deferred_until_import = DSA_BACKEND
+
+    def classify(self) -> None:
+        verdict = dp_draft_vote_verdict()
+        if verdict is None:
+            return
+        status, reason = verdict
+        if status is Status.SUPERSEDED:
+            # Upstream's vote makes the eager round rank-consistent, but trims only _forward_trtllm: say so.
+            reason = (
+                f"SGLang {sglang_version()} carries upstream's rank-consistent draft vote (0.5.21+), so the plugin "
+                "leaves it stock; upstream trims padded DSA decode rows for TRT-LLM only (docs/dsa-backends.md)"
+            )
+        raise Verdict(status, reason)
+
+    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+        return {FORWARD_DECODE: make_forward_decode(resolved[FORWARD_DECODE].raw)}
