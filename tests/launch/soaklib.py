@@ -4,7 +4,8 @@ probe, ``probes/launch_vote_probe``, point 4) and malformed requests, then the c
 (``test_vote_probe.py``: ~200, one release, inside c's patched launch).
 
 Traffic: 1-16 requests in flight (the target concurrency changes every few completions), each routed to a DP rank
-drawn at random, with its own ``max_new_tokens`` and prompt; a new request starts whenever one finishes (arrivals
+(mostly the one with fewer in flight, else at random; the 0.5.20 long soak of 2026-12-02 drew every rank at random),
+with its own ``max_new_tokens`` and prompt; a new request starts whenever one finishes (arrivals
 while others decode), until every rank has run the asked number of decode batches (counted from the probe's records
 as they are written). Every ``malformed_every`` requests one malformed request, in turn: a bad JSON body, no
 ``bootstrap_room``, ``max_new_tokens`` 0; SGLang's answer is recorded as it comes.
@@ -113,8 +114,7 @@ def _post(port: int, data: bytes, timeout: float) -> tuple[int, dict | str]:
         return exc.code, exc.read().decode(errors="replace")[:400]
 
 
-def _request(port: int, n: int, rng: random.Random, timeout: float) -> dict:
-    rank = rng.randrange(2)
+def _request(port: int, n: int, rank: int, rng: random.Random, timeout: float) -> dict:
     room = 100_000 + 2 * n + rank  # room % 2 == rank, should the router follow the room
     asked = rng.choice(NEW_TOKENS)
     prompt = [1, *(rng.randrange(2, 128) for _ in range(rng.randrange(2, 12)))]
@@ -196,6 +196,7 @@ def drive(
     last_progress = t0
     in_flight: set[Future] = set()
     malformed: list[Future] = []
+    rank_of: dict[Future, int] = {}
     n = 0
     target, until = 1, 0  # target concurrency, and the completion count at which it changes next
     done_count = 0
@@ -228,9 +229,15 @@ def drive(
                 if malformed_every and n % malformed_every == 0:
                     kind = MALFORMED[(n // malformed_every - 1) % len(MALFORMED)]
                     malformed.append(pool.submit(_malformed, port, kind, n, timeout))
-                rec = _request(port, n, rng, timeout)
+                # Mostly to the rank with fewer requests in flight (both ranks decode whenever 2+ are in flight, so
+                # neither lags far behind the other's count), else at random.
+                busy = [sum(rank_of[f] == k for f in in_flight) for k in (0, 1)]
+                rank = busy.index(min(busy)) if busy[0] != busy[1] and rng.random() < 0.8 else rng.randrange(2)
+                rec = _request(port, n, rank, rng, timeout)
                 traffic.requests.append(rec)
-                in_flight.add(pool.submit(rec.pop("run")))
+                future = pool.submit(rec.pop("run"))
+                rank_of[future] = rank
+                in_flight.add(future)
             finished, in_flight = wait(in_flight, timeout=1.0, return_when=FIRST_COMPLETED)
             done_count += len(finished)
         wait(in_flight)

@@ -18,6 +18,7 @@ c's), and malformed requests; c's assertions read c's rounds only, the soak's ch
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -68,10 +69,11 @@ PHASES = [
 ]
 CPU_NO_OVERLAP = "Overlap schedule is not implemented for speculative decoding on CPU."  # SGLang's own warning
 # The short soak: one release, in c's patched launch. ~200 decode batches per rank (LAUNCH_SOAK_BATCHES overrides), a
-# malformed request every 25 requests (so each kind comes at least once), forced rounds at 10 %, a fixed draw.
+# malformed request every 15 requests (each kind comes at least once: 200 batches took 60-80 requests; at every 25 the
+# third kind never came), forced rounds at 10 %, a fixed draw.
 SOAK_RELEASE = "0.5.20"
 SOAK_BATCHES = int(os.environ.get("LAUNCH_SOAK_BATCHES", "200"))
-SOAK_RATE, SOAK_SEED, SOAK_MALFORMED_EVERY = 0.1, 24, 25
+SOAK_RATE, SOAK_SEED, SOAK_MALFORMED_EVERY = 0.1, 24, 15
 
 
 @pytest.fixture(scope="session")
@@ -302,6 +304,7 @@ def test_soak_every_request_exact_every_round_one_path_counters_equal_the_probe(
     ranks would take different draft paths or the group vote is not "eager" exactly in the forced rounds, /metrics
     counters unequal to the probe's counts, ...)."""
     figures, failures = patched.soak
+    print("short soak:", json.dumps({k: v for k, v in figures.items() if k not in ("rss_kb_samples", "malformed")}))
     assert not failures, failures
     assert min(figures["decode_batches_per_rank"].values()) >= SOAK_BATCHES, figures["decode_batches_per_rank"]
     assert all(figures["forced_by_rank"].values()) and figures["rounds_ranks_disagree"] == 0, figures
