@@ -51,7 +51,7 @@ def run_arm(arm: str, tmp: Path, path: str, args: argparse.Namespace) -> dict:
         pids = {r["rank"]: r["pid"] for r in soaklib.read_records(records) if r["kind"] == "meta"}
         load_start = os.getloadavg()
         traffic = soaklib.drive(server.port, records, pids, args.batches, seed=args.seed,
-                                malformed_every=args.malformed_every,
+                                malformed_every=args.malformed_every, max_wall=args.max_wall,
                                 progress=lambda line: print(f"[{arm}] {line}", flush=True))  # fmt: skip
         time.sleep(1.0)  # the last records flush
         metrics_end = server.scrape_metrics()
@@ -104,6 +104,12 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=0.1, help="share of MLP-sync rounds forced eager on a random rank")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--malformed-every", type=int, default=100)
+    ap.add_argument(
+        "--max-wall",
+        type=float,
+        default=3 * 3600,
+        help="seconds of traffic per arm at most (a stop before --batches is reported as a failed check)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
