@@ -28,11 +28,11 @@ from launchlib import HERE
 
 FORCE_RID = "soak-"  # the probe forces rounds only for batches holding such a request (its default prefix)
 MALFORMED = ("bad_json", "no_bootstrap_room", "max_new_tokens_0")
-# SGLang's answers (0.5.17 and 0.5.20, read from their source and seen in the soaks): a body that is not JSON is
-# refused by FastAPI's validation (400, SGLang's error object); with the fake transfer backend the tokenizer manager
-# gives a request without bootstrap_room a room of its own (fake_bootstrap_room_counter) and it is served (200);
-# max_new_tokens 0 passes SamplingParams.verify ("at least 0").
-MALFORMED_ANSWER = {"bad_json": {400}, "no_bootstrap_room": {200}, "max_new_tokens_0": {200, 400}}
+# SGLang's answers (read from 0.5.17's and 0.5.20's source; seen in the 0.5.20 soaks): a body that is not JSON is
+# refused by FastAPI's validation (400, SGLang's error object "JSON decode error"); with the fake transfer backend the
+# tokenizer manager gives a request without bootstrap_room a room of its own (fake_bootstrap_room_counter) and serves
+# it (200, its 8 tokens); max_new_tokens 0 passes SamplingParams.verify ("at least 0"): 200 with 0 tokens.
+MALFORMED_ANSWER = {"bad_json": {400}, "no_bootstrap_room": {200}, "max_new_tokens_0": {200}}
 NEW_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Scheduler RSS may grow this much from the soak's start to its end (the trial of 180 s grew 16 MB: allocator
 # warm-up of new batch shapes); a leak per request or per round would pass it within a few hundred rounds.
