@@ -32,6 +32,13 @@ its). It does three things to SGLang, all outside the plugin, in every scheduler
    whether the plugin asked this rank's hook and what it answered, and what this rank's worker needs. Plus one
    ``meta`` line per rank at install.
 
+4. Soak forcing (``bench/soak.py`` and the launch tier's short soak), only with ``LAUNCH_VOTE_PROBE_FORCE_RATE`` set:
+   the hook is set on every rank, and in a fraction FORCE_RATE of the MLP-sync rounds one rank drawn at random needs
+   the eager draft, if its decode batch holds a request whose rid starts with ``LAUNCH_VOTE_PROBE_FORCE_RID``
+   (default ``soak-``; so a launch that also serves c's requests keeps c's chosen rounds). The draw is a function of
+   (``LAUNCH_VOTE_PROBE_FORCE_SEED``, round) alone, the same on every rank, so the record of the draft step knows
+   what the hook said before that round's sync (and an off launch records the same need, nobody asking).
+
 Installed at the end of ``Scheduler.maybe_init_draft_worker`` (``register`` wraps that method, which the plugin does
 not target): by then SGLang's ``load_plugins()`` has run every plugin, so the plugin resolved and fingerprinted its
 targets before the probe wraps anything (a wrapper seen first would read to it as a foreign hook).
@@ -43,6 +50,7 @@ import functools
 import inspect
 import json
 import os
+import random
 import sys
 from typing import Any
 
@@ -61,6 +69,10 @@ class _State:
     out: Any = None
     eager_rank = int(os.environ.get("LAUNCH_VOTE_PROBE_EAGER_RANK", "0"))
     eager_rid = os.environ.get("LAUNCH_VOTE_PROBE_EAGER_RID", "vote-probe-eager")
+    force_rate = float(os.environ.get("LAUNCH_VOTE_PROBE_FORCE_RATE") or 0)
+    force_seed = int(os.environ.get("LAUNCH_VOTE_PROBE_FORCE_SEED") or 0)
+    force_rid = os.environ.get("LAUNCH_VOTE_PROBE_FORCE_RID", "soak-")
+    dp_size = 1
 
 
 def register() -> None:
@@ -99,9 +111,32 @@ def _marked(batch: Any) -> bool:
     return any(rid.startswith(_State.eager_rid) for rid in _rids(batch))
 
 
+def forced_rank(round_: int) -> int | None:
+    """Soak forcing: the rank drawn to need the eager draft in this MLP-sync round, or None (the same on every rank)."""
+    if _State.force_rate <= 0:
+        return None
+    rng = random.Random(_State.force_seed * 1_000_003 + round_)
+    return rng.randrange(_State.dp_size) if rng.random() < _State.force_rate else None
+
+
+def needs_eager(batch: Any, round_: int | None) -> bool:
+    """What this rank's worker needs for ``batch`` in MLP-sync round ``round_``: c's marked request on the eager
+    rank, or a soak-forced round drawn for this rank whose decode batch holds a soak request."""
+    if batch is None or not batch.forward_mode.is_decode():
+        return False
+    if _State.rank == _State.eager_rank and _marked(batch):
+        return True
+    return (
+        round_ is not None
+        and forced_rank(round_) == _State.rank
+        and any(rid.startswith(_State.force_rid) for rid in _rids(batch))
+    )
+
+
 def requires_dp_attention_eager_forward(batch: Any) -> bool:
-    """The eager rank's worker hook (an instance attribute): records that it was asked, and its answer."""
-    answer = _marked(batch)
+    """The worker hook (an instance attribute): records that it was asked, and its answer. The plugin asks it before
+    the round's MLP sync, whose wrapper below counts that round: so the round is the next one."""
+    answer = needs_eager(batch, _State.round + 1)
     setattr(batch, ASKED, answer)
     return answer
 
@@ -112,10 +147,11 @@ def _install(scheduler: Any) -> None:
     from sglang.srt.speculative import eagle_worker_common, eagle_worker_v2
 
     _State.rank = int(scheduler.ps.attn_dp_rank)
+    _State.dp_size = int(scheduler.server_args.dp_size)
     out_dir = os.environ["LAUNCH_VOTE_PROBE_DIR"]
     _State.out = open(os.path.join(out_dir, f"rank{_State.rank}.jsonl"), "a", buffering=1)  # noqa: SIM115
     worker = scheduler.draft_worker
-    if _State.rank == _State.eager_rank and worker is not None:
+    if worker is not None and (_State.rank == _State.eager_rank or _State.force_rate > 0):
         setattr(worker, HOOK_NAME, requires_dp_attention_eager_forward)
 
     sync_raw = dp_attn.prepare_mlp_sync_batch_raw
@@ -167,7 +203,7 @@ def _install(scheduler: Any) -> None:
                 "graph_runner": cuda_graph_runner is not None,
                 "can_run": bool(can_run),
                 "asked": info.get("asked"),
-                "needs_eager": _State.rank == _State.eager_rank and _marked(batch),
+                "needs_eager": needs_eager(batch, info.get("round")),
                 "plugin_flag": None if flag is _MISSING else bool(flag),
                 "disable_cuda_graph_given": info.get("disable_cuda_graph_given"),
             }
