@@ -126,8 +126,10 @@ def main() -> int:
     try:
         t0 = time.monotonic()
         if not server.wait_ready():
-            print("the server did not become ready; the last lines of its log:")
-            print("\n".join(server.log.splitlines()[-15:]))
+            # SGLang's own log lines only (its Python warnings stay in the file), cut to one terminal line each.
+            tail = [line[:160] for line in server.log.splitlines() if line.startswith("[")][-10:]
+            print(f"the server did not become ready in {time.monotonic() - t0:.0f} s (LAUNCH_READY_TIMEOUT raises the")
+            print(f"bound); its last log lines (all of it: {server.log_path}):", *tail, sep="\n")
             return 1
         print(f"ready in {time.monotonic() - t0:.0f} s; sending {len(PROMPTS)} requests at once", flush=True)
         # bootstrap_host 2.2.2.2 is SGLang's fake-transfer marker, never contacted.
