@@ -48,15 +48,14 @@ def plugin_lines(log: str) -> list[tuple[str, str]]:
 
 
 def patches_by_process(lines: list[tuple[str, str]]) -> dict[str, str]:
-    """Per process: each status with its patch ids, the report line at load updated by the import-time lines."""
+    """Per process, in one short line: the most common status, then every patch with another one. The report line
+    at load is updated by the 'applied when ... imported' lines (the deferred patches)."""
     statuses: dict[str, dict[str, str]] = {}
     heads: dict[str, str] = {}
     for who, msg in lines:
         report = REPORT.match(msg)
         if report:
             heads[who] = f"plugin {report['plugin']}, mode={report['mode']}"
-            if "left fully stock" in report["rest"]:
-                heads[who] += ", SGLang left fully stock"
             pairs = (p.rpartition("=") for p in report["rest"].split(": ")[-1].split(", "))
             statuses[who] = {pid: status for pid, _, status in pairs if pid}
         imported = IMPORTED.match(msg)
@@ -67,7 +66,9 @@ def patches_by_process(lines: list[tuple[str, str]]) -> dict[str, str]:
         groups: dict[str, list[str]] = {}
         for pid, status in by_id.items():
             groups.setdefault(status, []).append(pid)
-        out[who] = heads[who] + "; " + "; ".join(f"{s}: {', '.join(ids)}" for s, ids in groups.items())
+        common = max(groups, key=lambda st: len(groups[st]))
+        rest = "; ".join(f"{', '.join(ids)} {st}" for st, ids in groups.items() if st != common)
+        out[who] = f"{heads[who]}: {len(groups[common])} of {len(by_id)} {common}" + (f", {rest}" if rest else "")
     return out
 
 
@@ -85,7 +86,7 @@ def counters(lines: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
 
 def summary(log: str, completions: list[str], stopped: bool) -> list[str]:
     lines = plugin_lines(log)
-    out = ["--- patches, per process (report line at load, updated by the 'applied when ... imported' lines)"]
+    out = ["--- patches per process (the report line, updated by the 'applied when ... imported' lines)"]
     by_process = patches_by_process(lines)
     order = sorted(by_process, key=lambda w: (w != "launcher", w))  # launcher, then DP0, DP1, ...
     for k, who in enumerate(order):
@@ -93,8 +94,13 @@ def summary(log: str, completions: list[str], stopped: bool) -> list[str]:
         out.append(f"  {who:<9} " + (f"same as {same}" if same else by_process[who]))
     if not by_process:
         out.append("  no report line: the plugin was not loaded (SGLANG_PLUGINS without dp_mtp_fix?)")
-    checks = [(w, m.split(": ", 2)[-1]) for w, m in lines if "cross-rank patch-state check" in m]
-    out.append("--- cross-rank check: " + ("; ".join(f"{w}: {m}" for w, m in checks) if checks else "not run"))
+    checks: dict[str, list[str]] = {}  # the check's verdict (rank number dropped) -> the processes that logged it
+    for who, msg in lines:
+        if "cross-rank patch-state check" in msg:
+            verdict = msg.split("cross-rank patch-state check ", 1)[-1]
+            checks.setdefault(re.sub(r" on rank \d+", "", verdict), []).append(who)
+    out.append("--- cross-rank check" + ("" if checks else ": not run (no patched scheduler)"))
+    out += [f"  {', '.join(sorted(whos))}: {verdict}" for verdict, whos in checks.items()]
     other = [f"  {w}: {m[:200]}" for w, m in lines if not any(k.search(m) for k in ROUTINE)]
     other += sorted({f"  {line.strip()[:200]}" for line in log.splitlines() if "PeerStateMismatch" in line})
     if other:
