@@ -106,14 +106,11 @@ def summary(log: str, completions: list[str], stopped: bool) -> list[str]:
     if other:
         out += ["--- other plugin lines (warnings, stops)", *other[:8]]
     sums = counters(lines)
-    out.append(
-        "--- vote counters (SGLANG_DP_MTP_FIX_STATS windows summed per rank)" + ("" if sums else ": none logged")
-    )
-    for who, c in sums.items():
+    out.append("--- vote counters (votes, not graph use), summed per rank" + ("" if sums else ": none logged"))
+    for who, c in sorted(sums.items()):
         out.append(
-            f"  {who}: {c['n']} decode batches; generic vote graph-eligible {c['gen_yes']} / eager {c['gen_no']}; "
-            f"draft vote graph-eligible {c['draft_yes']} / forced-eager {c['draft_no']} "
-            f"(own seedless batch {c['own']}, another rank's vote {c['other']})"
+            f"  {who}: {c['n']} batches; generic vote graph-eligible {c['gen_yes']} eager {c['gen_no']}; draft vote "
+            f"graph-eligible {c['draft_yes']} forced-eager {c['draft_no']} (seedless {c['own']}, peer {c['other']})"
         )
     out += ["--- completions (greedy, 8 tokens)", *completions]
     out.append(f"--- stop: server process group gone: {stopped}")
