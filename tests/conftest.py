@@ -46,7 +46,7 @@ MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 
 
 def expected_statuses(dsa_imported: bool = True, model_runner_imported: bool | None = None) -> dict[str, str]:
-    """Per patch id, the outcome on this release (the README compatibility table).
+    """Per patch id, the outcome on this release (docs/compatibility.md).
 
     ``dsa_imported``: the DSA modules were imported in that process (as in every scheduler that loads a model:
     SGLang's model registry imports them; this test session imports them at start, see below). In a fresh process
@@ -207,7 +207,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """``tools/test-matrix.sh`` asks each release's session for that release's ``doctor --json``
-    (``DP_MTP_FIX_TEST_DOCTOR_OUT``): ``tools/compat_table.py`` builds the README's compatibility table from them."""
+    (``DP_MTP_FIX_TEST_DOCTOR_OUT``): ``tools/compat_table.py`` builds the compatibility table
+    (docs/compatibility.md) from them."""
     out = os.environ.get("DP_MTP_FIX_TEST_DOCTOR_OUT")
     if not out or SGLANG_VERSION is None:
         return

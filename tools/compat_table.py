@@ -1,12 +1,13 @@
-"""The README's compatibility table, generated from what the plugin itself decides on each release's real code.
+"""The compatibility table (docs/compatibility.md), generated from what the plugin decides on each release's code.
 
 Input: the ``doctor --json`` of every release the test matrix ran (``tools/test-matrix.sh`` leaves one per release in
 ``build/test-results/doctor-<release>.json``, written by the test session itself: ``tests/conftest.py``). Output: a
 Markdown table (release x patch -> outcome) and the reason for every outcome other than ``applied``, between the
-``<!-- compat-table:begin -->`` / ``<!-- compat-table:end -->`` markers of README.md.
+``<!-- compat-table:begin -->`` / ``<!-- compat-table:end -->`` markers of docs/compatibility.md (the README
+links there and keeps a short form).
 
 Usage: python tools/compat_table.py [--check] [RESULTS_DIR]
-  (default RESULTS_DIR: build/test-results)   --check: exit 1 when README.md differs from the generated table
+  (default RESULTS_DIR: build/test-results)   --check: exit 1 when docs/compatibility.md differs from the table
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+TABLE_PAGE = ROOT / "docs" / "compatibility.md"
 BEGIN, END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
 # Every release tools/test-matrix.sh runs by default: the table must cover each of them.
 MATRIX = ("0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.23")
@@ -78,22 +79,23 @@ def main() -> int:
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     table = render(load(Path(args.results)))
-    text = README.read_text()
+    page = TABLE_PAGE.relative_to(ROOT)
+    text = TABLE_PAGE.read_text()
     if BEGIN not in text or END not in text:
-        print(f"compat_table: README.md has no {BEGIN} ... {END} block")
+        print(f"compat_table: {page} has no {BEGIN} ... {END} block")
         return 1
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
     new = head + table + tail
     if args.check:
         if new != text:
-            print("compat_table: README.md's compatibility table differs from what the plugin decides on the tested")
+            print(f"compat_table: {page}'s compatibility table differs from what the plugin decides on the tested")
             print("releases; regenerate it with: python tools/compat_table.py  (then review the diff)")
             return 1
-        print(f"compat_table: README.md matches the plugin's decisions on {len(MATRIX)} releases")
+        print(f"compat_table: {page} matches the plugin's decisions on {len(MATRIX)} releases")
         return 0
-    README.write_text(new)
-    print(f"compat_table: README.md table written from {args.results}")
+    TABLE_PAGE.write_text(new)
+    print(f"compat_table: {page} table written from {args.results}")
     return 0
 
 

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--ranks", type=int, default=None, help="DP ranks, 2-8 (default 4, or the trace's width)")
     sim.add_argument("--rounds", type=int, default=2000, help="decode rounds of the embedded trace (default 2000)")
     sim.add_argument("--seed", type=int, default=0, help="seed of the embedded trace (default 0)")
-    sim.add_argument("--trace", type=str, default=None, help="JSON-lines trace file (schema: README)")
+    sim.add_argument("--trace", type=str, default=None, help="JSON-lines trace file (schema: docs/simulate.md)")
     sim.add_argument("--json", action="store_true", help="machine-readable output")
     sim.add_argument(
         "--unguarded",

@@ -81,7 +81,7 @@ def draft_token_counts_hazard(scheduler: Any) -> str | None:
         draft = _mlp_tp_gather(server_args)
     if not draft or target:
         # Same answer: consistent. Target gathers, draft does not: the draft buckets per rank as a stock
-        # no-gather (a2a) deployment does by design; not shown to split (README, Compatibility).
+        # no-gather (a2a) deployment does by design; not shown to split (docs/compatibility.md).
         return None
     return (
         f"sglang-dp-mtp-fix: --speculative-moe-a2a-backend {getattr(server_args, 'speculative_moe_a2a_backend', None)} "
