@@ -21,6 +21,7 @@ import textwrap
 import time
 import timeit
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SEEDED = dict(kind="decode", seed=True, overlap=True, num_reqs=3)
@@ -69,9 +70,12 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     ``LOCAL_GATHER_ENV``): each rank times SGLang's own ``get_next_disagg_decode_batch_to_run`` call alone (thread
     CPU, no batch construction, no waiting on a peer), in the same processes, interleaved blocks (arm order rotated;
     after each switch a short warm-up block that is not counted), the cyclic GC collecting between blocks, never
-    inside one (``QUIET_GC_ENV``). Four arms: stock; ``stock_again`` (stock once more: an A/A pair, so the figures
+    inside one (``QUIET_GC_ENV``). Five arms: stock; ``stock_again`` (stock once more: an A/A pair, so the figures
     carry their own resolution); ``passthrough`` (the plugin's seams wrapped by wrappers that only call the original:
-    the cost of wrapping those seams at all, none of the plugin's work); patched."""
+    the cost of wrapping those seams at all, none of the plugin's work); patched; ``recorder`` (patched with the
+    flight recorder on, ``SGLANG_DP_MTP_FIX_RECORDER_DIR``: a fresh directory per block, the file really mapped)."""
+    import tempfile
+
     from sglang_dp_mtp_fix.harness.pool import RankPool
     from sglang_dp_mtp_fix.harness.rank import LOCAL_GATHER_ENV, QUIET_GC_ENV
 
@@ -79,8 +83,13 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     # at once on a 2-core host disturb each other (an A/A pair of stock arms then differed by 8-12 us).
     states = [[SEEDED if i % 5 else SEEDLESS for i in range(rounds)], []]
     warm = [states[0][:50], []]
-    arms = ("stock", "stock_again", "passthrough", "patched")
-    command = {"stock": "restore", "stock_again": "restore", "passthrough": "passthrough", "patched": "apply"}
+    arms = ("stock", "stock_again", "passthrough", "patched", "recorder")
+    recorder_root = tempfile.mkdtemp(prefix="sdmf-bench-recorder-")
+    # "apply" re-reads the environment only when it carries one: the patched arm applies with the recorder unset.
+    command: dict[str, Any] = {
+        "stock": "restore", "stock_again": "restore", "passthrough": "passthrough",
+        "patched": {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": ""}},
+    }  # fmt: skip
     cpu: dict[str, list[float]] = {arm: [] for arm in arms}
     block_medians: dict[str, list[float]] = {arm: [] for arm in arms}
     env = {"SGLANG_PLUGINS": "dp_mtp_fix", LOCAL_GATHER_ENV: "1", QUIET_GC_ENV: "1"}
@@ -90,6 +99,10 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
         pool.rounds(states, collective=False)  # warm-up: first-call costs out of the figures
         for block in range(blocks):
             for arm in arms[block % len(arms) :] + arms[: block % len(arms)]:
+                if arm == "recorder":
+                    directory = os.path.join(recorder_root, str(block))
+                    os.mkdir(directory)
+                    command[arm] = {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": directory}}
                 pool.plugin(command[arm])
                 pool.rounds(warm, collective=False)
                 results = pool.rounds(states, collective=False)
@@ -111,6 +124,14 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
         "cpu_ratio": round(med["patched"] / med["stock"], 3),
         "aa_ratio": round(med["stock_again"] / med["stock"], 3),
         "passthrough_ratio": round(med["passthrough"] / med["stock"], 3),
+        "recorder_ratio": round(med["recorder"] / med["stock"], 3),
+        "recorder_vs_patched_us": round((med["recorder"] - med["patched"]) * 1e3, 2),
+        "min_block_recorder_vs_patched_us": round((fastest["recorder"] - fastest["patched"]) * 1e3, 2),
+        "paired_recorder_vs_patched_us": round(
+            statistics.median(r - p for r, p in zip(block_medians["recorder"], block_medians["patched"], strict=True))
+            * 1e3,
+            2,
+        ),
         "passthrough_seams": seams,
         "added_us": {arm: round((med[arm] - med["stock"]) * 1e3, 2) for arm in arms[1:]},
         **{f"block_median_{arm}_ratios": [round(r, 3) for r in block_ratios[arm]] for arm in arms[1:]},

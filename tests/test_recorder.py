@@ -290,8 +290,9 @@ def test_reader_refuses_truncated_garbage_and_foreign_files_and_reads_the_rest(t
     for name in ("fifo", "link", "dir"):
         with pytest.raises(recorder.RecorderFileError, match="not a regular file"):
             recorder.read_file(str(junk / f"sglang-dp-mtp-fix-{name}.rec"))
+    (junk / "foreign.rec").write_bytes(b"PK\x03\x04" + bytes(2000))  # e.g. a zip someone named .rec
     with pytest.raises(recorder.RecorderFileError, match="not a flight-recorder file"):
-        recorder.read_file(str(junk / "sglang-dp-mtp-fix-garbage0.rec"))
+        recorder.read_file(str(junk / "foreign.rec"))
     with pytest.raises(recorder.RecorderFileError, match="truncated or padded: 300 bytes, the header promises 1024"):
         (junk / "t.rec").write_bytes(valid[:300])
         recorder.read_file(str(junk / "t.rec"))
