@@ -144,13 +144,18 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
 
 
 def can_run_graph_time() -> dict:
-    """In-process timing of the real can_run_graph on the real class (stand-in instance), stock vs patched."""
+    """In-process timing of the real can_run_graph on the real class (stand-in instance), stock vs patched, and
+    patched with the flight recorder on (``recorder``: the round's path is marked unwritten before each call, so every
+    call writes it as the first draft decision of a real round does; the other arms make the same store elsewhere)."""
+    import functools
+    import tempfile
     from types import SimpleNamespace
 
     from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_dp_mtp_fix import plugin
+    from sglang_dp_mtp_fix import plugin, recorder
+    from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
     from sglang_dp_mtp_fix.harness.rank import draft_runner_standin
 
     runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, SpeculativeAlgorithm.from_string("EAGLE"))
@@ -158,15 +163,32 @@ def can_run_graph_time() -> dict:
         spec_info=None, batch_size=3, global_num_tokens_cpu=[3, 0, 2, 1], original_global_num_tokens_cpu=[3, 0, 2, 1],
         can_run_dp_cuda_graph=True, can_run_decode_cuda_graph=True, can_run_dp_draft_cuda_graph=True,
     )  # fmt: skip
-    out = {"stock": [], "patched": []}
+    out: dict[str, list[float]] = {"stock": [], "patched": [], "recorder": []}
+    directory = tempfile.mkdtemp(prefix="sdmf-bench-recorder-")
+
     for block in range(10):
-        for arm in ("stock", "patched") if block % 2 == 0 else ("patched", "stock"):
-            plugin.restore() if arm == "stock" else plugin.register()
+        arms = ("stock", "patched", "recorder")
+        for arm in arms[block % 3 :] + arms[: block % 3]:
+            plugin.restore()
+            if arm == "recorder":
+                os.environ[RECORDER_DIR_ENV] = directory
+            if arm != "stock":
+                plugin.register()
+            os.environ.pop(RECORDER_DIR_ENV, None)
+            rec = recorder.active()
+            if rec is not None:
+                rec.enter()
+                rec.sync(3, 2, 15)  # the round's record (its path goes into it)
+            step = functools.partial(setattr, rec if rec is not None else SimpleNamespace(), "path_round", 0)
             n = 20000
-            out[arm].append(timeit.timeit(lambda: runner.can_run_graph(fb), number=n) / n * 1e9)
+            out[arm].append(timeit.timeit(lambda s=step: (s(), runner.can_run_graph(fb)), number=n) / n * 1e9)
     plugin.restore()
     med = {arm: statistics.median(v) for arm, v in out.items()}
-    return {"median_ns": med, "ratio": round(med["patched"] / med["stock"], 3)}
+    return {
+        "median_ns": med,
+        "ratio": round(med["patched"] / med["stock"], 3),
+        "recorder_vs_patched_ns": round(med["recorder"] - med["patched"], 1),
+    }
 
 
 ACTIVATION = """

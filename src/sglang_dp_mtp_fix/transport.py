@@ -35,6 +35,17 @@ def _world_gather() -> bool:
     return bool(world_dp_gather_enabled())
 
 
+def _overlap_disabled(server_args: Any) -> bool:
+    """What the sync reads: the published schedule settings (0.5.17+), the server args before (0.5.15.post1). The
+    scheduler can turn overlap off after the server args were resolved (seen in a 0.5.20 launch with EAGLE)."""
+    try:
+        from sglang.srt.runtime_context import get_schedule
+
+        return bool(get_schedule().disable_overlap_schedule)
+    except Exception:  # noqa: BLE001 - no runtime context in this release
+        return bool(server_args.disable_overlap_schedule)
+
+
 def describe(scheduler: Any, vote_active: bool) -> str:
     import torch.distributed as dist
 
@@ -44,15 +55,14 @@ def describe(scheduler: Any, vote_active: bool) -> str:
     dp_size = int(getattr(server_args, "dp_size", 1) or 1)
     tp_group = scheduler.tp_group
     offload = getattr(getattr(scheduler, "weight_updater", None), "offload_tags", None) or ()
-    overlap = bool(getattr(scheduler, "enable_overlap", not server_args.disable_overlap_schedule))
+    disabled = _overlap_disabled(server_args)
+    overlap = bool(getattr(scheduler, "enable_overlap", not disabled))
     if dp_size == 1 or _env("SGLANG_SCHEDULER_SKIP_ALL_GATHER"):
         where = f"none (nothing gathered: dp_size={dp_size}, SGLANG_SCHEDULER_SKIP_ALL_GATHER)"
     else:
         if _world_gather():
             group, name = dist.group.WORLD, "the expanded WORLD group"
-        elif not offload and (
-            server_args.disable_overlap_schedule or _env("SGLANG_NCCL_ALL_GATHER_IN_OVERLAP_SCHEDULER_SYNC_BATCH")
-        ):
+        elif not offload and (disabled or _env("SGLANG_NCCL_ALL_GATHER_IN_OVERLAP_SCHEDULER_SYNC_BATCH")):
             group, name = tp_group.device_group, "the TP device group"
         else:
             group, name = tp_group.cpu_group, "the TP CPU group"
