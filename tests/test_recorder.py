@@ -302,3 +302,12 @@ def test_reader_refuses_truncated_garbage_and_foreign_files_and_reads_the_rest(t
     assert len(data["refused"]) >= outcomes["refused"] and code in (1, 2), data["answer"]
     data, code = recorder.rollcall([str(good)])
     assert code == 0 and len(data["ranks"]) == 2
+
+
+def test_the_variable_takes_an_absolute_path_or_nothing():
+    from sglang_dp_mtp_fix.config import load_config
+
+    assert load_config([], {RECORDER_DIR_ENV: "/abs/dir"}).recorder_dir == "/abs/dir"
+    assert load_config([], {RECORDER_DIR_ENV: " "}).recorder_dir is None
+    error = load_config([], {RECORDER_DIR_ENV: "rel"}).error or ""
+    assert f"{RECORDER_DIR_ENV}='rel' is not an absolute path" in error
