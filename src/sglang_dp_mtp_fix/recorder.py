@@ -16,16 +16,17 @@ rounds reach no batch). A round is recorded when its gathered result reaches a b
 the round the rank entered last.
 
 File (little endian): a ``HEADER_SIZE`` header, magic written last, its last word the round entered; then
-``capacity`` records of ``RECORD`` (the ``n``-th record in slot ``(n - 1) % capacity``). A record's ``seq`` (``n``,
-its last field) is zeroed first and written last, so a record cut by a kill reads as half written, never as an older
-one. The draft path is known later in the round (the draft runner's ``can_run_graph``): it carries its own copy of
-``seq``, written after it. The reader reads the file twice and keeps only records identical in both reads (a record
-being written meanwhile is skipped).
+``capacity`` records of ``RECORD``, written in turn. A round's record is one ``pack_into`` that starts and ends with
+the round number (struct writes the fields in order), so a record cut by a kill has two different copies and is
+detected, never taken for an older one. The draft path is known later in the round (the draft runner's
+``can_run_graph``): a second ``pack_into`` whose last field is the round again. The reader reads the file twice and
+keeps only records identical in both reads (a record being written meanwhile is skipped).
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
 import functools
 import json
 import logging
@@ -53,13 +54,13 @@ HEADER_SIZE = 256
 # magic, version, header size, record size, capacity, dp rank, dp size, tp rank, tp size, global rank, pid,
 # start (unix s), start (monotonic ns), plugin version, SGLang version, host
 HEADER = struct.Struct("<8sIIIIiiiiiidq32s32s64s")
-# path stamp, bucket, path, 3 pad, monotonic ns, local tokens, forward mode, flags, 2 pad, round, seq
-RECORD = struct.Struct("<QiB3xqiBB2xQQ")
-_PATH_PART = struct.Struct("<iB")  # at offset 8
-_SYNC_PART = struct.Struct("<qiBB2xQ")  # at offset 16
-_WORDS = RECORD.size // 8  # the record as 8-byte words: [0] path stamp ... [_WORDS - 1] seq
-_HEADER_WORDS = HEADER_SIZE // 8
-_ENTERED_WORD = _HEADER_WORDS - 1  # the header's last word: the round this rank entered last (kept current)
+_ENTERED_OFFSET = HEADER_SIZE - 8  # the header's last word: the round this rank entered last (kept current)
+# round (begin), monotonic ns, local tokens, forward mode, flags, 2 pad, round (end) | bucket, path, 3 pad, path stamp
+RECORD = struct.Struct("<QqiBB2xQiB3xQ")
+# The two writes of a round, each one ``pack_into``; struct writes the fields in order, so the copy of the round
+# written last tells a whole write from a cut one.
+_SYNC = struct.Struct("<QqiBB2xQ")  # at the record's offset 0
+_PATH = struct.Struct("<iB3xQ")  # at offset _SYNC.size
 FILE_GLOB = re.compile(r"^sglang-dp-mtp-fix-.*\.rec$")
 MAX_CAPACITY = 1 << 16
 
@@ -69,6 +70,7 @@ SENT_GENERIC, GROUP_GENERIC, SENT_DRAFT, GROUP_DRAFT = 1, 2, 4, 8
 PATH_GRAPH, PATH_EAGER, RUNNER_GATHERS = 1, 2, 4
 VOTE_ATTR = "can_run_dp_draft_cuda_graph"
 
+_UNSET: Any = object()
 load_problem: str | None = None  # set by ``instrument`` when the directory is refused (the plugin reports it)
 _active: Recorder | None = None
 
@@ -108,12 +110,13 @@ class Recorder:
         self.capacity = capacity
         self.size = HEADER_SIZE + capacity * RECORD.size
         self.round = 0  # rounds counted (the round in progress)
-        self.written = 0  # records written (the ring's write index)
         self.recorded_round = 0  # the round of the latest record
         self.path_round = 0  # the round whose draft path is recorded
         self.sent_generic = SENT_GENERIC
+        self.next_offset = HEADER_SIZE  # where the next record goes
+        self.last_offset = HEADER_SIZE
         self.buf: Any = bytearray(self.size)
-        self.words = memoryview(self.buf).cast("Q")
+        self.entered = ctypes.c_uint64.from_buffer(self.buf, _ENTERED_OFFSET)
         self.opened = False
         self.path: str | None = None
 
@@ -140,44 +143,36 @@ class Recorder:
             _sglang_version().encode()[:32], socket.gethostname().encode()[:64],
         )  # fmt: skip
         mm[0:8] = MAGIC  # last: a reader never takes a half-written header for a whole one
-        self.words.release()
-        self.buf, self.words, self.path = mm, memoryview(mm).cast("Q"), path
+        entered = ctypes.c_uint64.from_buffer(mm, _ENTERED_OFFSET)
+        entered.value = self.entered.value
+        self.buf, self.entered, self.path = mm, entered, path
         logger.info("sglang-dp-mtp-fix: flight recorder: %s (last %d MLP-sync rounds)", path, self.capacity)
 
     def close(self) -> None:
         """Tests: unmap the file (its content stays)."""
-        self.words.release()
-        if isinstance(self.buf, mmap.mmap):
-            self.buf.close()
-        self.buf = bytearray(self.size)
-        self.words = memoryview(self.buf).cast("Q")
+        buf, self.buf = self.buf, bytearray(self.size)
+        self.entered = ctypes.c_uint64.from_buffer(self.buf, _ENTERED_OFFSET)  # drops the map's last export
+        if isinstance(buf, mmap.mmap):
+            buf.close()
 
-    # -- the two writes of a round (hot path: plain stores) ------------------------------------------------------
+    # -- a round's stores (hot path: one pack_into each, no syscall) ---------------------------------------------
     def enter(self) -> None:
         """A new MLP-sync round (counted on every rank alike, module doc)."""
-        self.round += 1
-        self.words[_ENTERED_WORD] = self.round
+        n = self.round = self.round + 1
+        self.entered.value = n
 
     def sync(self, tokens: int, mode: int, flags: int) -> None:
         """This round's decisions, once the gathered result reached a batch on this rank."""
-        n = self.written = self.written + 1
-        self.recorded_round = r = self.round
-        w = _HEADER_WORDS + ((n - 1) % self.capacity) * _WORDS
-        words = self.words
-        words[w + _WORDS - 1] = 0  # half written from here on
-        words[w] = 0  # no draft path yet
-        _SYNC_PART.pack_into(self.buf, w * 8 + 16, time.monotonic_ns(), tokens, mode, flags, r)
-        words[w + _WORDS - 1] = n  # whole
+        r = self.recorded_round = self.round
+        off = self.last_offset = self.next_offset
+        self.next_offset = off + RECORD.size if off + RECORD.size < self.size else HEADER_SIZE
+        _SYNC.pack_into(self.buf, off, r, time.monotonic_ns(), tokens, mode, flags, r)
 
     def draft_path(self, path: int, bucket: int) -> None:
         """The draft path of the round in progress (into its record, when it has one)."""
-        self.path_round = self.round
-        if self.recorded_round != self.round:
-            return
-        n = self.written
-        w = _HEADER_WORDS + ((n - 1) % self.capacity) * _WORDS
-        _PATH_PART.pack_into(self.buf, w * 8 + 8, bucket, path)
-        self.words[w] = n
+        r = self.path_round = self.round
+        if self.recorded_round == r:
+            _PATH.pack_into(self.buf, self.last_offset + _SYNC.size, bucket, path, r)
 
 
 def _sglang_version() -> str:
@@ -187,19 +182,19 @@ def _sglang_version() -> str:
 
 
 def _bucket(runner: Any, forward_batch: Any) -> int:
-    """The captured batch size the draft graph would replay at: the smallest ``capture_bs`` at or above the size
-    SGLang's ``can_run_graph`` checks (the gathered maximum when the runner gathers, else the local batch size)."""
-    if getattr(runner, "require_mlp_tp_gather", False):
-        counts = getattr(forward_batch, "original_global_num_tokens_cpu", None) or getattr(
-            forward_batch, "global_num_tokens_cpu", None
-        )
-        size = int(max(counts)) if counts else int(getattr(forward_batch, "batch_size", 0) or 0)
+    """The captured batch size the draft graph would replay at: the smallest of ``capture_bs`` (sorted by SGLang) at
+    or above the size SGLang's ``can_run_graph`` checks (the gathered maximum when the runner gathers, else the local
+    batch size); that size itself where the runner has no ``capture_bs``."""
+    if runner.require_mlp_tp_gather:
+        counts = getattr(forward_batch, "original_global_num_tokens_cpu", None) or forward_batch.global_num_tokens_cpu
+        size = int(max(counts))
     else:
-        size = int(getattr(forward_batch, "batch_size", 0) or 0)
+        size = int(forward_batch.batch_size)
     sizes = getattr(runner, "capture_bs", None)
     if sizes:
-        i = bisect.bisect_left(sorted(sizes), size)
-        return int(sorted(sizes)[i]) if i < len(sizes) else size
+        i = bisect.bisect_left(sizes, size)
+        if i < len(sizes):
+            return int(sizes[i])
     return size
 
 
@@ -230,16 +225,24 @@ def instrument(
         load_problem = f"sglang-dp-mtp-fix: flight recorder off: {problem}"
         return local_row, update_batch, runner_gate
     rec = _active = Recorder(config.recorder_dir)
+    record_size, end, pack_sync, monotonic_ns = RECORD.size, rec.size, _SYNC.pack_into, time.monotonic_ns
 
-    def _get_local_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not rec.opened:
+    # SGLang's own signatures, not (*args, **kwargs): forwarding those costs ~0.7 us a frame on the bench host, the
+    # recorder's whole budget. Their callers (all_gather, finalize_local, prepare_mlp_sync_batch_raw) are fingerprinted
+    # premises of the vote, so the calls they make are known: (device=..., [dtype]) and (batch, info, require_mlp_tp_
+    # gather, skip_all_gather= | skip_global_metadata=).
+    def _get_local_tensor(self: Any, device: Any, dtype: Any = _UNSET) -> Any:
+        n = rec.round = rec.round + 1  # once per gathered round on every rank (module doc)
+        if n == 1:
             rec.open(self)
-        rec.enter()  # once per gathered round on every rank (module doc)
+        rec.entered.value = n
         rec.sent_generic = SENT_GENERIC if getattr(self, decode_field) else 0
-        return local_row(self, *args, **kwargs)
+        if dtype is _UNSET:
+            return local_row(self, device)
+        return local_row(self, device, dtype)
 
-    def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
-        result = update_batch(batch, mlp_sync_info, *args, **kwargs)
+    def _update_gather_batch(batch: Any, mlp_sync_info: Any, require_mlp_tp_gather: Any, **kwargs: Any) -> Any:
+        result = update_batch(batch, mlp_sync_info, require_mlp_tp_gather, **kwargs)
         flags = rec.sent_generic
         if getattr(batch, generic_field, False):
             flags |= GROUP_GENERIC
@@ -247,13 +250,17 @@ def instrument(
             flags |= SENT_DRAFT
         if getattr(batch, VOTE_ATTR, True):
             flags |= GROUP_DRAFT
-        rec.sync(int(mlp_sync_info.num_tokens), int(batch.forward_mode), flags)
+        # Recorder.sync, inlined (a method call is a tenth of the budget here)
+        r = rec.recorded_round = rec.round
+        off = rec.last_offset = rec.next_offset
+        rec.next_offset = off + record_size if off + record_size < end else HEADER_SIZE
+        pack_sync(rec.buf, off, r, monotonic_ns(), mlp_sync_info.num_tokens, batch.forward_mode, flags, r)
         return result
 
     def can_run_graph(self: Any, forward_batch: Any) -> Any:
         ok = runner_gate(self, forward_batch)
         if rec.path_round != rec.round:  # the round's first draft decision is its draft path
-            gathers = RUNNER_GATHERS if getattr(self, "require_mlp_tp_gather", False) else 0
+            gathers = RUNNER_GATHERS if self.require_mlp_tp_gather else 0
             if ok:
                 rec.draft_path(PATH_GRAPH | gathers, _bucket(self, forward_batch))
             else:
@@ -394,30 +401,29 @@ def read_file(path: str) -> RankFile:
     dp_rank, dp_size, tp_rank, tp_size, global_rank, pid, start_unix, _, plugin_v, sglang_v, host = h[5:]
     if not (0 < dp_size <= tp_size <= MAX_CAPACITY and tp_size % dp_size == 0 and 0 <= tp_rank < tp_size):
         raise RecorderFileError(f"corrupt header: dp rank {dp_rank} of {dp_size}, tp rank {tp_rank} of {tp_size}")
-    (entered,) = struct.unpack_from("<Q", first, _ENTERED_WORD * 8)
+    (entered,) = struct.unpack_from("<Q", first, _ENTERED_OFFSET)
     rank = RankFile(
         path, _text(host), pid, dp_rank, dp_size, tp_rank, tp_size, global_rank, start_unix, _text(plugin_v),
         _text(sglang_v), capacity, entered,
     )  # fmt: skip
-    seqs: dict[int, int] = {}
     for slot in range(capacity):
         off = HEADER_SIZE + slot * RECORD.size
         raw = first[off : off + RECORD.size]
         if raw != second[off : off + RECORD.size]:
             rank.skipped += 1
             continue
-        stamp, bucket, code, t_ns, tokens, mode, flags, round_, seq = RECORD.unpack(raw)
-        if seq == 0:
+        begin, t_ns, tokens, mode, flags, end, bucket, code, stamp = RECORD.unpack(raw)
+        if begin == end == 0:
             if raw != bytes(RECORD.size):
-                rank.skipped += 1  # cut while being written
+                rank.skipped += 1
+            continue  # never written
+        if begin != end or flags > 15 or (code & 3) == 3 or code > 7:
+            rank.skipped += 1  # cut while being written (or not a record)
             continue
-        if (seq - 1) % capacity != slot or round_ == 0 or flags > 15 or (code & 3) == 3 or code > 7:
-            rank.skipped += 1
-            continue
-        if round_ in rank.records and seqs[round_] > seq:
+        old = rank.records.get(end)
+        if old is not None and old.t_ns > t_ns:
             continue  # two records of one round (nothing gathered in between): the later one holds
-        seqs[round_] = seq
-        rank.records[round_] = Record(round_, t_ns, tokens, mode, flags, code if stamp == seq else None, bucket)
+        rank.records[end] = Record(end, t_ns, tokens, mode, flags, code if stamp == end else None, bucket)
     return rank
 
 
