@@ -230,7 +230,7 @@ def instrument(
     # SGLang's own signatures, not (*args, **kwargs): forwarding those costs ~0.7 us a frame on the bench host, the
     # recorder's whole budget. Their callers (all_gather, finalize_local, prepare_mlp_sync_batch_raw) are fingerprinted
     # premises of the vote, so the calls they make are known: (device=..., [dtype]) and (batch, info, require_mlp_tp_
-    # gather, skip_all_gather= | skip_global_metadata=).
+    # gather, [skip by position] | skip_global_metadata=).
     def _get_local_tensor(self: Any, device: Any, dtype: Any = _UNSET) -> Any:
         n = rec.round = rec.round + 1  # once per gathered round on every rank (module doc)
         if n == 1:
@@ -241,8 +241,13 @@ def instrument(
             return local_row(self, device)
         return local_row(self, device, dtype)
 
-    def _update_gather_batch(batch: Any, mlp_sync_info: Any, require_mlp_tp_gather: Any, **kwargs: Any) -> Any:
-        result = update_batch(batch, mlp_sync_info, require_mlp_tp_gather, **kwargs)
+    def _update_gather_batch(
+        batch: Any, mlp_sync_info: Any, require_mlp_tp_gather: Any, skip: Any = _UNSET, **kwargs: Any
+    ) -> Any:
+        if skip is _UNSET:  # 0.5.18+ pass skip_global_metadata= by keyword, <= 0.5.17 skip_all_gather by position
+            result = update_batch(batch, mlp_sync_info, require_mlp_tp_gather, **kwargs)
+        else:
+            result = update_batch(batch, mlp_sync_info, require_mlp_tp_gather, skip, **kwargs)
         flags = rec.sent_generic
         if getattr(batch, generic_field, False):
             flags |= GROUP_GENERIC
