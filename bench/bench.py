@@ -21,6 +21,7 @@ import textwrap
 import time
 import timeit
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SEEDED = dict(kind="decode", seed=True, overlap=True, num_reqs=3)
@@ -69,9 +70,12 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     ``LOCAL_GATHER_ENV``): each rank times SGLang's own ``get_next_disagg_decode_batch_to_run`` call alone (thread
     CPU, no batch construction, no waiting on a peer), in the same processes, interleaved blocks (arm order rotated;
     after each switch a short warm-up block that is not counted), the cyclic GC collecting between blocks, never
-    inside one (``QUIET_GC_ENV``). Four arms: stock; ``stock_again`` (stock once more: an A/A pair, so the figures
+    inside one (``QUIET_GC_ENV``). Five arms: stock; ``stock_again`` (stock once more: an A/A pair, so the figures
     carry their own resolution); ``passthrough`` (the plugin's seams wrapped by wrappers that only call the original:
-    the cost of wrapping those seams at all, none of the plugin's work); patched."""
+    the cost of wrapping those seams at all, none of the plugin's work); patched; ``recorder`` (patched with the
+    flight recorder on, ``SGLANG_DP_MTP_FIX_RECORDER_DIR``: a fresh directory per block, the file really mapped)."""
+    import tempfile
+
     from sglang_dp_mtp_fix.harness.pool import RankPool
     from sglang_dp_mtp_fix.harness.rank import LOCAL_GATHER_ENV, QUIET_GC_ENV
 
@@ -79,8 +83,13 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     # at once on a 2-core host disturb each other (an A/A pair of stock arms then differed by 8-12 us).
     states = [[SEEDED if i % 5 else SEEDLESS for i in range(rounds)], []]
     warm = [states[0][:50], []]
-    arms = ("stock", "stock_again", "passthrough", "patched")
-    command = {"stock": "restore", "stock_again": "restore", "passthrough": "passthrough", "patched": "apply"}
+    arms = ("stock", "stock_again", "passthrough", "patched", "recorder")
+    recorder_root = tempfile.mkdtemp(prefix="sdmf-bench-recorder-")
+    # "apply" re-reads the environment only when it carries one: the patched arm applies with the recorder unset.
+    command: dict[str, Any] = {
+        "stock": "restore", "stock_again": "restore", "passthrough": "passthrough",
+        "patched": {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": ""}},
+    }  # fmt: skip
     cpu: dict[str, list[float]] = {arm: [] for arm in arms}
     block_medians: dict[str, list[float]] = {arm: [] for arm in arms}
     env = {"SGLANG_PLUGINS": "dp_mtp_fix", LOCAL_GATHER_ENV: "1", QUIET_GC_ENV: "1"}
@@ -90,6 +99,10 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
         pool.rounds(states, collective=False)  # warm-up: first-call costs out of the figures
         for block in range(blocks):
             for arm in arms[block % len(arms) :] + arms[: block % len(arms)]:
+                if arm == "recorder":
+                    directory = os.path.join(recorder_root, str(block))
+                    os.mkdir(directory)
+                    command[arm] = {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": directory}}
                 pool.plugin(command[arm])
                 pool.rounds(warm, collective=False)
                 results = pool.rounds(states, collective=False)
@@ -111,6 +124,14 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
         "cpu_ratio": round(med["patched"] / med["stock"], 3),
         "aa_ratio": round(med["stock_again"] / med["stock"], 3),
         "passthrough_ratio": round(med["passthrough"] / med["stock"], 3),
+        "recorder_ratio": round(med["recorder"] / med["stock"], 3),
+        "recorder_vs_patched_us": round((med["recorder"] - med["patched"]) * 1e3, 2),
+        "min_block_recorder_vs_patched_us": round((fastest["recorder"] - fastest["patched"]) * 1e3, 2),
+        "paired_recorder_vs_patched_us": round(
+            statistics.median(r - p for r, p in zip(block_medians["recorder"], block_medians["patched"], strict=True))
+            * 1e3,
+            2,
+        ),
         "passthrough_seams": seams,
         "added_us": {arm: round((med[arm] - med["stock"]) * 1e3, 2) for arm in arms[1:]},
         **{f"block_median_{arm}_ratios": [round(r, 3) for r in block_ratios[arm]] for arm in arms[1:]},
@@ -123,13 +144,18 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
 
 
 def can_run_graph_time() -> dict:
-    """In-process timing of the real can_run_graph on the real class (stand-in instance), stock vs patched."""
+    """In-process timing of the real can_run_graph on the real class (stand-in instance), stock vs patched, and
+    patched with the flight recorder on (``recorder``: the round's path is marked unwritten before each call, so every
+    call writes it as the first draft decision of a real round does; the other arms make the same store elsewhere)."""
+    import functools
+    import tempfile
     from types import SimpleNamespace
 
     from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_dp_mtp_fix import plugin
+    from sglang_dp_mtp_fix import plugin, recorder
+    from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
     from sglang_dp_mtp_fix.harness.rank import draft_runner_standin
 
     runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, SpeculativeAlgorithm.from_string("EAGLE"))
@@ -137,15 +163,32 @@ def can_run_graph_time() -> dict:
         spec_info=None, batch_size=3, global_num_tokens_cpu=[3, 0, 2, 1], original_global_num_tokens_cpu=[3, 0, 2, 1],
         can_run_dp_cuda_graph=True, can_run_decode_cuda_graph=True, can_run_dp_draft_cuda_graph=True,
     )  # fmt: skip
-    out = {"stock": [], "patched": []}
+    out: dict[str, list[float]] = {"stock": [], "patched": [], "recorder": []}
+    directory = tempfile.mkdtemp(prefix="sdmf-bench-recorder-")
+
     for block in range(10):
-        for arm in ("stock", "patched") if block % 2 == 0 else ("patched", "stock"):
-            plugin.restore() if arm == "stock" else plugin.register()
+        arms = ("stock", "patched", "recorder")
+        for arm in arms[block % 3 :] + arms[: block % 3]:
+            plugin.restore()
+            if arm == "recorder":
+                os.environ[RECORDER_DIR_ENV] = directory
+            if arm != "stock":
+                plugin.register()
+            os.environ.pop(RECORDER_DIR_ENV, None)
+            rec = recorder.active()
+            if rec is not None:
+                rec.enter()
+                rec.sync(3, 2, 15)  # the round's record (its path goes into it)
+            step = functools.partial(setattr, rec if rec is not None else SimpleNamespace(), "path_round", 0)
             n = 20000
-            out[arm].append(timeit.timeit(lambda: runner.can_run_graph(fb), number=n) / n * 1e9)
+            out[arm].append(timeit.timeit(lambda s=step: (s(), runner.can_run_graph(fb)), number=n) / n * 1e9)
     plugin.restore()
     med = {arm: statistics.median(v) for arm, v in out.items()}
-    return {"median_ns": med, "ratio": round(med["patched"] / med["stock"], 3)}
+    return {
+        "median_ns": med,
+        "ratio": round(med["patched"] / med["stock"], 3),
+        "recorder_vs_patched_ns": round(med["recorder"] - med["patched"], 1),
+    }
 
 
 ACTIVATION = """

@@ -1,10 +1,14 @@
-"""Command line: ``sglang-dp-mtp-fix doctor [--json]``.
+"""Command line: ``sglang-dp-mtp-fix doctor [--json]``, ``simulate``, ``rollcall DIR [DIR ...] [--json]``.
 
 ``doctor`` runs the plugin's own checks without a GPU and without starting SGLang (it imports the target modules,
 changes nothing) and reports what ``load_plugins()`` would do in this environment. For a deferred patch (applied when
 its module is imported, e.g. the DSA patches) it imports that module in the doctor's own process and reports what the
 post-import hook would decide ("applied when ... is imported", or why not); superseded checks read the source text.
 Exit codes: 0 fixed or not affected; 1 an affected install would not be patched; 2 usage or configuration error.
+
+``rollcall`` reads the flight-recorder files (``SGLANG_DP_MTP_FIX_RECORDER_DIR``) of every rank and names the first
+round where ranks decided differently (``recorder``). Exit codes: 0 all agree; 1 a divergence, or a rank without a
+file; 2 unreadable or incompatible files.
 """
 
 from __future__ import annotations
@@ -124,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also issue the first split round's collectives for real (the ranks abort or time out), per arm",
     )
+    roll = sub.add_parser("rollcall", help="name the first round where DP ranks decided differently (flight recorder)")
+    roll.add_argument("dirs", nargs="+", metavar="DIR", help="recorder directories (every node's, copied together)")
+    roll.add_argument("--json", action="store_true", help="machine-readable output")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -140,6 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         return code
     if args.command == "simulate":
         return _simulate(args, parser)
+    if args.command == "rollcall":
+        from sglang_dp_mtp_fix import recorder
+
+        data, code = recorder.rollcall(args.dirs)
+        if args.json:
+            print(recorder.rollcall_json(data))
+        else:
+            recorder.print_rollcall(data)
+        return code
     return 2
 
 

@@ -5,6 +5,8 @@
 ``SGLANG_DP_MTP_FIX_STATS`` log vote counters every N decode batches (unset/empty/0: off)
 ``SGLANG_DP_MTP_FIX_PEER_TIMEOUT`` seconds the start-up cross-rank patch-state check waits for every rank (default 120)
 ``SGLANG_DP_MTP_FIX_REPORT_DIR`` an existing directory (absolute path) to write one report file per process into
+``SGLANG_DP_MTP_FIX_RECORDER_DIR`` an existing directory (absolute path) for one decision flight-recorder file per
+                            patched scheduler (``recorder``; unset: nothing recorded, the vote path carries no code)
 ``SGLANG_DP_MTP_FIX_METRICS`` auto (default: vote counters on SGLang's /metrics when it runs with --enable-metrics)
                             | off (SGLang's false spellings accepted)
 
@@ -25,6 +27,7 @@ STATS_ENV = "SGLANG_DP_MTP_FIX_STATS"
 PEER_TIMEOUT_ENV = "SGLANG_DP_MTP_FIX_PEER_TIMEOUT"
 REPORT_DIR_ENV = "SGLANG_DP_MTP_FIX_REPORT_DIR"
 METRICS_ENV = "SGLANG_DP_MTP_FIX_METRICS"
+RECORDER_DIR_ENV = "SGLANG_DP_MTP_FIX_RECORDER_DIR"
 # SGLang's launcher sets this before it starts the schedulers exactly when it runs with --enable-metrics
 # (``set_prometheus_multiproc_dir``); a scheduler therefore knows at plugin load whether metrics are on.
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -56,6 +59,7 @@ class Config:
     # Count votes for SGLang's Prometheus endpoint (decided at load, like stats_every): SGLang runs with
     # --enable-metrics and SGLANG_DP_MTP_FIX_METRICS is not off.
     export_metrics: bool = False
+    recorder_dir: str | None = None  # None: no flight recorder (decided at load, like the counters)
     # Set when the config could not be parsed: the plugin then stays stock (auto) or stops (strict).
     error: str | None = None
 
@@ -131,17 +135,15 @@ def parse_peer_timeout(raw: str | None) -> float:
     return seconds
 
 
-def parse_report_dir(raw: str | None) -> str | None:
+def parse_report_dir(raw: str | None, name: str = REPORT_DIR_ENV) -> str | None:
     if raw is None:
         return None
-    value = _clean(REPORT_DIR_ENV, raw)
+    value = _clean(name, raw)
     if value == "":
         return None
     # Relative paths would depend on each process's working directory: refused rather than guessed.
     if not os.path.isabs(value):
-        raise ConfigError(
-            f"{REPORT_DIR_ENV}={raw!r} is not an absolute path; accepted values: an absolute path, or empty"
-        )
+        raise ConfigError(f"{name}={raw!r} is not an absolute path; accepted values: an absolute path, or empty")
     return value
 
 
@@ -177,9 +179,10 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
         peer_timeout_s = parse_peer_timeout(env.get(PEER_TIMEOUT_ENV))
         report_dir = parse_report_dir(env.get(REPORT_DIR_ENV))
         export_metrics = parse_metrics(env.get(METRICS_ENV)) and bool(env.get(PROMETHEUS_DIR_ENV))
+        recorder_dir = parse_report_dir(env.get(RECORDER_DIR_ENV), RECORDER_DIR_ENV)
     except ConfigError as exc:
         return Config(mode=mode, error=str(exc))
     return Config(
         mode=mode, skip=skip, stats_every=stats_every, peer_timeout_s=peer_timeout_s, report_dir=report_dir,
-        export_metrics=export_metrics,
+        export_metrics=export_metrics, recorder_dir=recorder_dir,
     )  # fmt: skip

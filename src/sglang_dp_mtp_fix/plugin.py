@@ -18,7 +18,7 @@ import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import _version, metrics, peers, report
+from sglang_dp_mtp_fix import _version, metrics, peers, recorder, report, transport
 from sglang_dp_mtp_fix.config import Config, load_config
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, _Change, groups
 from sglang_dp_mtp_fix.patches import _startup_checks, all_patches
@@ -58,7 +58,8 @@ def register() -> list[Outcome]:
     manager.on_deferred = functools.partial(_deferred_outcome, manager, config)
     outcomes = manager.apply(config)
     problem = report.problem_line(outcomes, config)
-    file_problem = _write_report_file(outcomes, config)
+    # The flight recorder's directory is checked when the vote is built (at load), under the report files' rules.
+    file_problem = _write_report_file(outcomes, config) or recorder.load_problem
     if config.strict and (problem or file_problem):
         manager.restore()
         raise StrictModeAbort(f"{problem or file_problem} [SGLANG_DP_MTP_FIX=strict: stopping]")
@@ -109,6 +110,9 @@ def restore() -> None:
     """Put SGLang back to stock (tests; operators use SGLANG_DP_MTP_FIX=off)."""
     global last_config, _report_path, _pending
     get_manager().restore()
+    rec = recorder.active()
+    if rec is not None:
+        rec.close()
     if _pending is not None:
         _pending.remove()
     last_config = None
@@ -139,6 +143,7 @@ def _after_scheduler_init(
             line.flush()
             check_startup_hazards(self, config, manager)  # first: a group it leaves stock is what peers compare
             check_peers(manager, outcomes, config)
+            transport.log_line(self, manager)  # before the scheduler's first MLP-sync round
             if config.export_metrics:
                 export_metrics(self, manager)
 

@@ -160,11 +160,45 @@ def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object
             "export_metrics": config.export_metrics,
             "peer_timeout_s": config.peer_timeout_s,
             "report_dir": config.report_dir,
+            "recorder_dir": config.recorder_dir,
             "error": config.error,
         },
         "patches": [o.as_dict() for o in outcomes],
         "summary": summary_line(outcomes, config),
     }
+
+
+def create_in_directory(directory: str, env_name: str, name: str, flags: int = os.O_WRONLY) -> tuple[int, str]:
+    """Create ``name`` in ``directory`` under the report-file rules (module doc): the directory must exist and not be
+    a symbolic link, the file must not exist (never followed, never overwritten). Returns (fd, path); raises
+    ReportFileError naming the variable, the path and the reason. Shared with the flight recorder."""
+    where = f"{env_name}={directory}"
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise ReportFileError(f"{where}: {exc.strerror} (the plugin never creates the directory)") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise ReportFileError(f"{where} is a symbolic link; refusing to follow it (point the variable at the real one)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ReportFileError(f"{where} is not a directory")
+    path = os.path.join(directory, name)
+    try:
+        # Open the directory itself without following a link swapped in since the lstat, then create relative to it.
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ReportFileError(f"{where}: cannot open the directory: {exc.strerror}") from exc
+    try:
+        try:
+            fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+        except FileExistsError as exc:
+            raise ReportFileError(
+                f"{path} already exists (a file or link not written by this process); not touched"
+            ) from exc
+        except OSError as exc:
+            raise ReportFileError(f"cannot create {path}: {exc.strerror}") from exc
+    finally:
+        os.close(dir_fd)
+    return fd, path
 
 
 def write_report_file(outcomes: Sequence[Outcome], config: Config) -> str | None:
@@ -175,41 +209,14 @@ def write_report_file(outcomes: Sequence[Outcome], config: Config) -> str | None
     directory = config.report_dir
     if not directory:
         return None
-    where = f"{REPORT_DIR_ENV}={directory}"
-    try:
-        st = os.lstat(directory)
-    except OSError as exc:
-        raise ReportFileError(f"{where}: {exc.strerror} (the plugin never creates the directory)") from exc
-    if stat.S_ISLNK(st.st_mode):
-        raise ReportFileError(f"{where} is a symbolic link; refusing to follow it (point the variable at the real one)")
-    if not stat.S_ISDIR(st.st_mode):
-        raise ReportFileError(f"{where} is not a directory")
-    name = report_file_name()
-    path = os.path.join(directory, name)
     payload = (json.dumps(report_data(outcomes, config), indent=1) + "\n").encode()
+    fd, path = create_in_directory(directory, REPORT_DIR_ENV, report_file_name())
     try:
-        # Open the directory itself without following a link swapped in since the lstat, then create relative to it.
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view) :]
     except OSError as exc:
-        raise ReportFileError(f"{where}: cannot open the directory: {exc.strerror}") from exc
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
-        except FileExistsError as exc:
-            raise ReportFileError(
-                f"{path} already exists (a file or link not written by this process); not touched"
-            ) from exc
-        except OSError as exc:
-            raise ReportFileError(f"cannot create {path}: {exc.strerror}") from exc
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError as exc:
-            raise ReportFileError(f"cannot write {path}: {exc.strerror}") from exc
-        finally:
-            os.close(fd)
+        raise ReportFileError(f"cannot write {path}: {exc.strerror}") from exc
     finally:
-        os.close(dir_fd)
+        os.close(fd)
     return path

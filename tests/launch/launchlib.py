@@ -23,10 +23,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -328,6 +329,7 @@ class Launch:
     # /metrics of a launch with --enable-metrics, once ready (before any request) and after the last request
     metrics_ready: str | None = None
     metrics_end: str | None = None
+    live: Any = None  # what serve's ``while_running`` returned (taken while the server still ran)
 
     @property
     def log(self) -> str:
@@ -351,8 +353,17 @@ class Launch:
 METRICS = ["--enable-metrics", "--decode-log-interval", "1"]
 
 
-def serve(name: str, tmp: Path, env: dict[str, str], timings: dict, pd: bool = True, metrics: bool = False) -> Launch:
-    """``metrics``: launch with SGLang's --enable-metrics and scrape /metrics once ready and after the requests."""
+def serve(
+    name: str,
+    tmp: Path,
+    env: dict[str, str],
+    timings: dict,
+    pd: bool = True,
+    metrics: bool = False,
+    while_running: Callable[[Server], Any] | None = None,
+) -> Launch:
+    """``metrics``: launch with SGLang's --enable-metrics and scrape /metrics once ready and after the requests.
+    ``while_running``: called with the server after the requests, before it is stopped (its result: ``Launch.live``)."""
     report_dir = tmp / f"{name}-reports"
     report_dir.mkdir()
     env = {**env, "SGLANG_DP_MTP_FIX_REPORT_DIR": str(report_dir)}
@@ -368,8 +379,9 @@ def serve(name: str, tmp: Path, env: dict[str, str], timings: dict, pd: bool = T
         sequential = [server.generate(ids, 2000 + k) for k, ids in enumerate(PROMPTS)]
         time.sleep(1.0)  # let the last batch's log lines flush
         metrics_end = server.scrape_metrics() if metrics else None
+        live = while_running(server) if while_running is not None else None
         timings[name] = round(time.monotonic() - t0, 1)
-        return Launch(server, report_dir, outputs, sequential, metrics_ready, metrics_end)
+        return Launch(server, report_dir, outputs, sequential, metrics_ready, metrics_end, live)
     finally:
         server.stop()
         assert not server.group_alive(), f"{name}: processes left behind"

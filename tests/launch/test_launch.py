@@ -8,6 +8,7 @@ launch serves PROMPTS and is stopped before the assertions run."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -65,8 +66,28 @@ def statuses(line: str) -> dict[str, str]:
 def patched(gaps_path, launch_tmp, launch_timings):
     if SGLANG_VERSION not in AFFECTED:
         pytest.skip("the plugin stands down here")
-    env = base_env(gaps_path, SGLANG_DP_MTP_FIX_STATS=str(STATS_EVERY))
-    return serve("patched", launch_tmp, env, launch_timings, metrics=True)
+    recorder_dir = launch_tmp / "patched-recorder"
+    recorder_dir.mkdir()
+    env = base_env(
+        gaps_path, SGLANG_DP_MTP_FIX_STATS=str(STATS_EVERY), SGLANG_DP_MTP_FIX_RECORDER_DIR=str(recorder_dir)
+    )
+    return serve("patched", launch_tmp, env, launch_timings, metrics=True, while_running=recorder_rollcall)
+
+
+def recorder_rollcall(server) -> dict:
+    """The flight recorder, read while the server runs: rollcall over its directory, and its schedulers alive."""
+    from sglang_dp_mtp_fix import recorder
+
+    directory = str(server.log_path.parent / "patched-recorder")
+    data, code = recorder.rollcall([directory])
+    alive = []
+    for rank in data["ranks"]:
+        try:
+            os.kill(rank["pid"], 0)
+            alive.append(rank["rank"])
+        except ProcessLookupError:
+            pass
+    return {"data": data, "code": code, "alive": alive, "server_alive": server.alive(), "dir": directory}
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +256,46 @@ def test_metrics_absent_with_the_plugin_off_and_sglangs_unchanged(patched, off):
     names = {arm: {s.name for s in samples(launch.metrics_end)} for arm, launch in (("patched", patched), ("off", off))}
     assert names["off"] == {n for n in names["patched"] if not n.startswith(PLUGIN_METRIC)}, names
     assert "sglang:num_running_reqs" in names["off"]
+
+
+# --- the flight recorder and the MLP-sync transport line (#23) --------------------------------------------------
+
+TRANSPORT_LINE = re.compile(
+    r"^\[[^\]]* DP(?P<dp>\d) TP\d\] sglang-dp-mtp-fix: MLP-sync transport: (?P<backend>gloo|nccl) on "
+    r"(?P<group>the TP CPU group|the TP device group) "
+    r"\(size 2, group rank (?P<grank>\d), global rank (?P<rank>\d)\); overlap (?P<overlap>on|off); MLP gather "
+    r"target=(?P<target>True|False) draft=(?P<draft>True|False); draft-graph vote active$",
+    re.M,
+)
+
+
+@affected_only
+def test_recorder_files_of_both_ranks_while_running_and_rollcall_agrees_with_the_counters(patched):
+    live = patched.live
+    data = live["data"]
+    assert live["server_alive"] and sorted(live["alive"]) == [0, 1], live  # read while the schedulers ran
+    assert live["code"] == 0 and data["verdict"] == "agree" and not data["refused"], data
+    assert [r["rank"] for r in data["ranks"]] == [0, 1] and not data["missing_ranks"], data["ranks"]
+    # What the counters saw, rank by rank: every decode/idle batch the vote counted has its record (the ring holds
+    # them all here: far fewer than 256 rounds).
+    decode = per_rank(patched.metrics_end, PLUGIN_METRIC + "decode_batches_total")
+    for rank in data["ranks"]:
+        assert rank["records"] < 256 and rank["skipped"] == 0, rank
+        assert rank["decode_or_idle_records"] == decode[str(rank["rank"])], (rank, decode)
+        assert rank["entered_round"] >= rank["last_round"] >= rank["records"] > 15, rank
+    assert data["answer"].startswith("all 2 ranks agreed up to round "), data["answer"]
+    # The files stay readable after the launch was stopped (SIGTERM, then SIGKILL to the group).
+    after, code = __import__("sglang_dp_mtp_fix.recorder").recorder.rollcall([live["dir"]])
+    assert code == 0 and [r["records"] for r in after["ranks"]] == [r["records"] for r in data["ranks"]], after
+
+
+@affected_only
+def test_transport_line_once_in_every_schedulers_log(patched):
+    lines = list(TRANSPORT_LINE.finditer(patched.log))
+    assert sorted((m["dp"], m["grank"]) for m in lines) == [("0", "0"), ("1", "1")], patched.log[-4000:]
+    for m in lines:
+        # On CPU both of the TP group's groups are gloo; SGLang gathers over its CPU group when overlap is on.
+        assert m["backend"] == "gloo" and (m["group"] == "the TP CPU group") == (m["overlap"] == "on"), m[0]
 
 
 # --- b. no harm --------------------------------------------------------------------------------------------------

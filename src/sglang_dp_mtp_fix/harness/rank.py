@@ -279,6 +279,10 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     is_idle = run_batch.forward_mode.is_idle()
     view = real_forward_batch(run_batch, spec_algo)
     runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, spec_algo)
+    if state.get("_flip_draft_path"):
+        # TEST-ONLY switch (flight-recorder tests): a bug elsewhere that turns this rank's draft path around after
+        # the group's vote; the plugin's can_run_graph then answers the other way on this rank alone.
+        view.can_run_dp_draft_cuda_graph = not getattr(view, "can_run_dp_draft_cuda_graph", True)
     runner_graph = bool(runner.can_run_graph(view))
     # The guard exists from 0.5.15.post1 (#30839); on older releases a seedless draft replays the graph.
     seed_flag = (
@@ -376,7 +380,8 @@ def real_forward_batch(batch: Any, spec_algo: Any) -> Any:
 def draft_runner_standin(runner_cls: Any, spec_algo: Any) -> Any:
     runner = object.__new__(runner_cls)  # real class; __init__ captures CUDA graphs
     for name, value in dict(
-        require_mlp_tp_gather=True, require_mlp_sync=True, disable_padding=False, max_bs=64, num_tokens_per_bs=1,
+        require_mlp_tp_gather=True, require_mlp_sync=True, disable_padding=False, max_bs=64, capture_bs=[8, 16, 32, 64],
+        num_tokens_per_bs=1,
         captured_req_width=1, model_runner=SimpleNamespace(spec_algorithm=spec_algo),
     ).items():  # fmt: skip
         setattr(runner, name, value)

@@ -38,7 +38,7 @@ import contextvars
 import functools
 from typing import Any
 
-from sglang_dp_mtp_fix import stats
+from sglang_dp_mtp_fix import recorder, stats
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.patches._detect import classify_group
 from sglang_dp_mtp_fix.patches.eager_draft_gate import mark_pd_decode_batch
@@ -257,6 +257,18 @@ class DraftGraphVote(Patch):
             if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
                 return False
             return ok
+
+        # Flight recorder (SGLANG_DP_MTP_FIX_RECORDER_DIR, ``recorder``): decided at load like the counters; unset, the
+        # three wrappers stay as built above and nothing records.
+        _get_local_tensor, _update_gather_batch, can_run_graph = recorder.instrument(
+            self.config,
+            _get_local_tensor,
+            _update_gather_batch,
+            can_run_graph,
+            decode_field,
+            generic_field,
+            _local_vote,
+        )
 
         return {
             SYNC_ENTRY: maybe_prepare_mlp_sync_batch,

@@ -1,0 +1,313 @@
+"""The decision flight recorder and ``rollcall`` (issue 23).
+
+REAL: SGLang's MLP sync, ``_update_gather_batch``, ``ForwardBatch.init_new`` and ``EAGLEDraftCudaGraphRunner
+.can_run_graph`` on the 4 gloo ranks of the shared ``rank_pool`` (the harness's stand-ins: ``harness/rank.py``), with
+the plugin applied under ``SGLANG_DP_MTP_FIX_RECORDER_DIR``; the recorder's own file code in the other tests.
+The injected divergence is the harness's TEST-ONLY ``_flip_draft_path`` switch: it turns one rank's draft path
+around after the group's vote, as a bug elsewhere would.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import affected_only
+
+from sglang_dp_mtp_fix import cli, recorder
+from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
+
+SEEDED = {"kind": "decode", "seed": True, "num_reqs": 3}
+
+
+def apply_recording(pool: Any, directory: Path) -> None:
+    pool.plugin({"command": "apply", "env": {RECORDER_DIR_ENV: str(directory)}})
+
+
+def files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("sglang-dp-mtp-fix-*.rec"))
+
+
+# --- on the 4-rank harness (real SGLang sync) --------------------------------------------------------------------
+
+
+@affected_only
+def test_injected_divergence_is_named_by_round_and_rank(rank_pool, tmp_path):
+    apply_recording(rank_pool, tmp_path)
+    try:
+        trace = [[dict(SEEDED) for _ in range(4)] for _ in range(12)]
+        trace[4][1] = {"kind": "decode", "seed": False, "num_reqs": 2}  # a seedless round: the vote forces eager
+        trace[8][2]["_flip_draft_path"] = True  # round 9 as the recorder counts: rank 2 alone turns eager
+        results = rank_pool.run_trace(trace, collective=False)
+        assert [r["draft_path"] for r in results[8]] == ["graph", "graph", "eager", "graph"]  # the switch bites
+        assert {r["draft_path"] for r in results[4]} == {"eager"}
+        data, code = recorder.rollcall([str(tmp_path)])
+    finally:
+        rank_pool.plugin("restore")
+    assert code == 1, data
+    assert data["answer"] == (
+        "round 9: ranks [0, 1, 3] draft graph (bucket 8), rank [2] eager (after a graph vote: decided outside the vote)"
+    )
+    assert [r["last_round"] for r in data["ranks"]] == [12] * 4 and not data["missing_ranks"]
+    # The seedless round before it is recorded as what it was: every rank eager, caused by rank 1's own batch.
+    rank1 = recorder.read_file(str(next(p for p in files(tmp_path) if "-dp1-" in p.name)))
+    rank0 = recorder.read_file(str(next(p for p in files(tmp_path) if "-dp0-" in p.name)))
+    assert (
+        rank1.records[5].as_dict()["draft_vote_sent"] is False and rank1.records[5].as_dict()["draft_path"] == "eager"
+    )
+    assert (
+        rank0.records[5].as_dict()["draft_vote_sent"] is True
+        and rank0.records[5].as_dict()["draft_vote_group"] is False
+    )
+
+
+@affected_only
+def test_patched_arm_agrees_and_records_what_each_rank_did(rank_pool, tmp_path):
+    from sglang_dp_mtp_fix.harness.fuzz import random_round
+
+    rng = random.Random(23)
+    trace = [random_round(rng, 4) for _ in range(60)]
+    apply_recording(rank_pool, tmp_path)
+    try:
+        results = rank_pool.run_trace(trace, collective=False)
+        data, code = recorder.rollcall([str(tmp_path)])
+        by_rank = {f.dp_rank: f for f in map(recorder.read_file, map(str, files(tmp_path)))}
+    finally:
+        rank_pool.plugin("restore")
+    assert code == 0, data["answer"]
+    assert data["answer"] == "all 4 ranks agreed up to round 60, the last round of every rank"
+    recorded = 0
+    for i, round_results in enumerate(results):
+        for r in round_results:
+            rec = by_rank[r["rank"]].records.get(i + 1)
+            if not r["ran"]:
+                continue
+            recorded += 1
+            got = rec.as_dict()
+            assert got["draft_path"] == ("graph" if r["runner_graph"] else "eager"), (i, r, got)
+            assert got["draft_vote_group"] == r["draft_vote"] and got["decode_vote_group"] == r["decode_graph"]
+            assert got["tokens"] == r["num_tokens"], (got, r)
+    assert recorded > 100
+
+
+@affected_only
+def test_mixed_group_names_the_rank_without_a_file(rank_pool, tmp_path):
+    from sglang_dp_mtp_fix.harness.pool import RankError
+
+    command = {"command": "apply", "env": {RECORDER_DIR_ENV: str(tmp_path)}}
+    rank_pool.plugin([command, command, command, "restore"])  # rank 3 runs without the plugin
+    try:
+        with pytest.raises(RankError, match="MixedDeploymentError"):
+            rank_pool.run_trace([[dict(SEEDED) for _ in range(4)]], collective=False)
+        data, code = recorder.rollcall([str(tmp_path)])
+    finally:
+        rank_pool.plugin("restore")
+    assert code == 1 and data["missing_ranks"] == [3], data
+    assert "DP rank [3] of 4 no file: the plugin or its recorder is not active there" in data["answer"]
+
+
+def test_unset_builds_no_recording_code_and_creates_nothing(restored, tmp_path, monkeypatch):
+    from conftest import expected_status
+    from sglang.srt.managers.scheduler_components import dp_attn
+
+    if expected_status() != "applied":
+        pytest.skip("the vote is not applied on this release")
+    monkeypatch.delenv(RECORDER_DIR_ENV, raising=False)
+    restored.register()
+    assert recorder.active() is None and recorder.__file__ not in dp_attn._update_gather_batch.__code__.co_filename
+    assert "draft_graph_vote" in dp_attn._update_gather_batch.__code__.co_filename
+    restored.restore()
+    monkeypatch.setenv(RECORDER_DIR_ENV, str(tmp_path))
+    restored.register()
+    assert recorder.active() is not None
+    assert dp_attn._update_gather_batch.__code__.co_filename == recorder.__file__  # the recording wrapper is live
+    assert files(tmp_path) == []  # created at the first MLP-sync round, when the ranks are known
+
+
+def test_a_refused_directory_is_one_warning_and_strict_stops(restored, tmp_path, monkeypatch, caplog):
+    from conftest import expected_status
+
+    from sglang_dp_mtp_fix.plugin import StrictModeAbort
+
+    if expected_status() != "applied":
+        pytest.skip("the vote is not applied on this release")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    monkeypatch.setenv(RECORDER_DIR_ENV, str(link))
+    restored.register()
+    assert recorder.active() is None
+    assert "flight recorder off: SGLANG_DP_MTP_FIX_RECORDER_DIR=" in caplog.text and "symbolic link" in caplog.text
+    restored.restore()
+    monkeypatch.setenv("SGLANG_DP_MTP_FIX", "strict")
+    with pytest.raises(StrictModeAbort, match="symbolic link"):
+        restored.register()
+
+
+# --- the file and its reader --------------------------------------------------------------------------------------
+
+GRAPH, EAGER = recorder.PATH_GRAPH | recorder.RUNNER_GATHERS, recorder.PATH_EAGER | recorder.RUNNER_GATHERS
+ALL_YES = recorder.SENT_GENERIC | recorder.GROUP_GENERIC | recorder.SENT_DRAFT | recorder.GROUP_DRAFT
+
+
+def write_rank(directory: Path, rank: int, size: int, paths: list[int], capacity: int = 16) -> recorder.Recorder:
+    rec = recorder.Recorder(str(directory), capacity)
+    rec.open(None, ranks=(rank, size, rank, size, rank))
+    for path in paths:
+        rec.enter()
+        rec.sync(2, 2, ALL_YES)
+        rec.draft_path(path, 8 if path & 3 == recorder.PATH_GRAPH else -1)
+    rec.close()
+    return rec
+
+
+def run_rollcall(capsys, *args: str) -> tuple[int, str]:
+    code = cli.main(["rollcall", *args])
+    return code, capsys.readouterr().out
+
+
+def test_rollcall_exit_codes_text_and_json(tmp_path, capsys):
+    import json
+
+    agree, split, bad, mixed = (tmp_path / n for n in ("agree", "split", "bad", "mixed"))
+    for d in (agree, split, bad, mixed):
+        d.mkdir()
+    for rank in range(2):
+        write_rank(agree, rank, 2, [GRAPH] * 20)  # 20 rounds through a 16-slot ring: the last 16 are compared
+        write_rank(split, rank, 2, [GRAPH] * 6 + [EAGER if rank else GRAPH] + [GRAPH] * 3)
+    write_rank(mixed, 0, 2, [GRAPH] * 3)
+    write_rank(mixed, 1, 4, [GRAPH] * 3)
+    (bad / "sglang-dp-mtp-fix-x-dp0-1.rec").write_bytes(b"garbage")
+    code, out = run_rollcall(capsys, str(agree))
+    assert code == 0 and out.endswith("all 2 ranks agreed up to round 20, the last round of every rank\n"), out
+    assert "DP rank 0: last round 20 (16 rounds kept, last entered 20)" in out
+    code, out = run_rollcall(capsys, str(split), "--json")
+    data = json.loads(out)
+    assert code == 1 and data["divergence"]["round"] == 7 and data["verdict"] == "diverge"
+    assert data["answer"] == "round 7: rank [0] draft graph (bucket 8), rank [1] eager (after a graph vote: decided " \
+        "outside the vote)"  # fmt: skip
+    code, out = run_rollcall(capsys, str(bad))
+    assert code == 2 and "refused" in out and "truncated: 7 bytes" in out, out
+    code, out = run_rollcall(capsys, str(mixed))
+    assert code == 2 and "files from different deployments" in out, out
+    code, out = run_rollcall(capsys, str(agree / "nothing-here"))
+    assert code == 2 and "no such file" in out.lower(), out
+    # One directory per node, read together; a rank still behind is named.
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    node0.mkdir(), node1.mkdir()
+    write_rank(node0, 0, 2, [GRAPH] * 5)
+    write_rank(node1, 1, 2, [GRAPH] * 4)
+    code, out = run_rollcall(capsys, str(node0), str(node1))
+    assert code == 0 and "all 2 ranks agreed up to round 4; rank [1] never reached round 5" in out, out
+    code, out = run_rollcall(capsys, str(node0))
+    assert code == 1 and "DP rank [1] of 2 no file" in out, out
+
+
+def test_forward_mode_values_are_sglangs():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    assert recorder._MODES == {ForwardMode.DECODE.value, ForwardMode.IDLE.value}
+
+
+WRITER = """
+import sys
+from sglang_dp_mtp_fix import recorder
+rec = recorder.Recorder(sys.argv[1], 64)
+rec.open(None, ranks=(3, 4, 3, 4, 3))
+print("open", flush=True)
+while True:
+    rec.enter()
+    rec.sync(rec.round % 1000, 2, recorder.SENT_GENERIC | recorder.GROUP_DRAFT)
+    rec.draft_path(recorder.PATH_GRAPH, rec.round % 1000)
+"""
+
+
+def test_a_rank_killed_mid_run_leaves_a_readable_file(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(tmp_path)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"open\n"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            live = recorder.read_file(str(files(tmp_path)[0]))  # readable while it writes, too
+            if live.last_round > 5000:
+                break
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    dead = recorder.read_file(str(files(tmp_path)[0]))
+    assert dead.last_round > 5000 and dead.pid == proc.pid and dead.dp_rank == 3
+    assert len(dead.records) + dead.skipped == 64 and dead.skipped <= 1  # at most the record it was writing
+    for r, rec in dead.records.items():
+        assert rec.tokens == r % 1000 and (rec.path is None or rec.bucket == r % 1000), rec
+
+
+def test_reader_refuses_truncated_garbage_and_foreign_files_and_reads_the_rest(tmp_path):
+    good = tmp_path / "good"
+    good.mkdir()
+    for rank in range(2):
+        write_rank(good, rank, 2, [GRAPH] * 10)
+    valid = files(good)[0].read_bytes()
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    rng = random.Random(0)
+    cases: dict[str, bytes] = {}
+    for n in (0, 1, 8, 100, 255, 256, 257, len(valid) // 2, len(valid) - 1):
+        cases[f"trunc{n}"] = valid[:n]
+    cases["padded"] = valid + b"\0"
+    for i in range(150):
+        size = rng.choice((rng.randrange(0, 600), len(valid)))
+        prefix = recorder.MAGIC if i % 2 else b""
+        cases[f"garbage{i}"] = (prefix + rng.randbytes(size))[: max(size, len(prefix))]
+    for i in range(300):
+        flipped = bytearray(valid)
+        for _ in range(rng.randrange(1, 4)):
+            flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+        cases[f"flip{i}"] = bytes(flipped)
+    outcomes = {"read": 0, "refused": 0}
+    for name, content in cases.items():
+        path = junk / f"sglang-dp-mtp-fix-{name}.rec"
+        path.write_bytes(content)
+        try:
+            recorder.read_file(str(path))
+            outcomes["read"] += 1
+        except recorder.RecorderFileError:
+            outcomes["refused"] += 1
+    assert all(outcomes.values()), outcomes  # both kinds happen: the cases reach past the first check
+    os.mkfifo(junk / "sglang-dp-mtp-fix-fifo.rec")  # never opened (would block)
+    (junk / "sglang-dp-mtp-fix-link.rec").symlink_to(files(good)[0])
+    (junk / "sglang-dp-mtp-fix-dir.rec").mkdir()
+    for name in ("fifo", "link", "dir"):
+        with pytest.raises(recorder.RecorderFileError, match="not a regular file"):
+            recorder.read_file(str(junk / f"sglang-dp-mtp-fix-{name}.rec"))
+    (junk / "foreign.rec").write_bytes(b"PK\x03\x04" + bytes(2000))  # e.g. a zip someone named .rec
+    with pytest.raises(recorder.RecorderFileError, match="not a flight-recorder file"):
+        recorder.read_file(str(junk / "foreign.rec"))
+    with pytest.raises(recorder.RecorderFileError, match="truncated or padded: 300 bytes, the header promises 1024"):
+        (junk / "t.rec").write_bytes(valid[:300])
+        recorder.read_file(str(junk / "t.rec"))
+    # The good ranks are still read beside all of it (only the two good files are whole ranks of one deployment: the
+    # bit-flipped copies that still read are rank 0's file again, older or newer, or another shape).
+    data, code = recorder.rollcall([str(good), str(junk)])
+    assert len(data["refused"]) >= outcomes["refused"] and code in (1, 2), data["answer"]
+    data, code = recorder.rollcall([str(good)])
+    assert code == 0 and len(data["ranks"]) == 2
+
+
+def test_the_variable_takes_an_absolute_path_or_nothing():
+    from sglang_dp_mtp_fix.config import load_config
+
+    assert load_config([], {RECORDER_DIR_ENV: "/abs/dir"}).recorder_dir == "/abs/dir"
+    assert load_config([], {RECORDER_DIR_ENV: " "}).recorder_dir is None
+    error = load_config([], {RECORDER_DIR_ENV: "rel"}).error or ""
+    assert f"{RECORDER_DIR_ENV}='rel' is not an absolute path" in error
