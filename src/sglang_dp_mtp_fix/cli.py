@@ -18,6 +18,7 @@ from typing import Any
 
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.config import MODE_ENV, PEER_TIMEOUT_ENV, REPORT_DIR_ENV, SKIP_ENV, Config, Mode, load_config
+from sglang_dp_mtp_fix.harness import fuzz
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "dp_mtp_fix"
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--seed", type=int, default=0, help="seed of the embedded trace (default 0)")
     sim.add_argument("--trace", type=str, default=None, help="JSON-lines trace file (schema: README)")
     sim.add_argument("--json", action="store_true", help="machine-readable output")
+    fuzz.add_backend_arguments(sim)
     sim.add_argument(
         "--unguarded",
         action="store_true",
@@ -157,7 +159,13 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--trace {args.trace}: no such file")
     trace = Path(args.trace) if args.trace else None
     data = simulate.simulate(
-        ranks or 0, args.rounds, args.seed, trace, progress=not args.json, unguarded=args.unguarded
+        ranks or 0,
+        args.rounds,
+        args.seed,
+        trace,
+        progress=not args.json,
+        unguarded=args.unguarded,
+        backends=fuzz.backend_pair(args),
     )
     if args.json:
         print(json.dumps(data))
