@@ -336,6 +336,8 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
             cause = "own seedless batch"
         elif draft_vote is False:
             cause = "another rank's vote"
+        elif (draft_step_rows(view, runner, False) or view.batch_size) > runner.max_bs:
+            cause = "above the draft graph's max_bs"
         else:
             cause = "generic graph refused"
     return {
