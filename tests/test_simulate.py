@@ -88,6 +88,7 @@ def test_unguarded_split_is_the_real_failure(tmp_path):
     assert data["patched"]["real_failure"] == "no split round"
 
 
+@pytest.mark.skipif(expected_status() != "applied", reason="the releases draft_token_counts patches")
 def test_backend_pair_stock_splits_the_draft_and_patched_does_not(tmp_path):
     """``--moe-a2a-backend deepep --speculative-moe-a2a-backend none`` (target does not gather token counts, the
     draft does): stock ranks split the draft bucket (3 vs 12 requests: 8 vs 16) and the draft path (65 is above the
@@ -104,8 +105,7 @@ def test_backend_pair_stock_splits_the_draft_and_patched_does_not(tmp_path):
     assert (data["moe_a2a_backend"], data["speculative_moe_a2a_backend"]) == ("deepep", "none")
     assert data["require_mlp_tp_gather"] == {"target": False, "draft": True}
     check_arm(data["stock"], 3)
-    if expected_status() == "applied":
-        check_arm(data["patched"], 3)
-        assert data["stock"]["divergent_rounds"] == 3 and data["stock"]["hangs"] == 3, data["stock"]
-        assert data["stock"]["bucket_splits"] == 1, data["stock"]
-        assert data["patched"]["divergent_rounds"] == 0 and data["patched"]["hangs"] == 0, data["patched"]
+    check_arm(data["patched"], 3)
+    assert data["stock"]["divergent_rounds"] == 3 and data["stock"]["hangs"] == 3, data["stock"]
+    assert data["stock"]["bucket_splits"] == 1, data["stock"]
+    assert data["patched"]["divergent_rounds"] == 0 and data["patched"]["hangs"] == 0, data["patched"]
