@@ -211,6 +211,10 @@ def _draft_input(seed: bool, overlap: bool, future_flag: bool | None, n: int) ->
         hidden_states=torch.zeros((n, 4), device=dev), bonus_tokens=torch.zeros((n,), dtype=torch.long, device=dev),
         dsa_topk_indices=torch.zeros((n, 8), dtype=torch.int32, device=dev) if seed else None,
     )  # fmt: skip
+    if hasattr(di, "num_tokens_per_req"):
+        # What the EAGLE worker sets before the draft decode (topk = 1): -1 (unset) would scale the draft's DP counts
+        # negative in ForwardBatch.init_new (0.5.15.post1's can_run_graph then passes any size).
+        di.num_tokens_per_req = di.num_tokens_for_logprob_per_req = 1
     if overlap:
         di.future_indices = torch.arange(n, device=dev)
         di.future_dsa_topk_indices_available = seed if future_flag is None else future_flag
@@ -436,11 +440,9 @@ def draft_step_rows(view: Any, runner: Any, graph: bool) -> int | None:
     live maximum of the draft's counts (eager); None when the draft does not gather (its a2a backend dispatches).
 
     STAND-IN for the bucket choice at the top of ``EAGLEDraftCudaGraphRunner`` replay (its ``execute`` needs captured
-    graphs): the size it pads (``max(global_num_tokens_cpu) // captured_req_width`` when the runner gathers, i.e. the
-    largest per-rank request count, read here from ``original_global_num_tokens_cpu`` because the harness's draft
-    input leaves its width unset; the local batch size otherwise), padded by SGLang's own ``_pad_to_bucket`` where
-    the release has it."""
-    counts = list(getattr(view, "original_global_num_tokens_cpu", None) or [])
+    graphs): the size it pads (``max(global_num_tokens_cpu) // captured_req_width`` when the runner gathers, the
+    local batch size otherwise), padded by SGLang's own ``_pad_to_bucket`` where the release has it."""
+    counts = [c // runner.captured_req_width for c in getattr(view, "global_num_tokens_cpu", None) or []]
     if graph:
         size = max(counts, default=0) if runner.require_mlp_tp_gather else view.batch_size
         pad = getattr(type(runner), "_pad_to_bucket", None)
