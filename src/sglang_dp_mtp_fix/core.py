@@ -529,9 +529,7 @@ class PatchManager:
             below = self._change_at(res.owner, res.attr) if target.kind is Kind.WRAP else None
             if below is not None:
                 if below.patch_id not in patch.requires:
-                    raise RuntimeError(
-                        f"{target.name} is wrapped by {below.patch_id}, which {patch.id} does not require"
-                    )
+                    raise RuntimeError(f"{target.name} is wrapped by {below.patch_id}, which {patch.id} does not require")
                 stacked[target] = below
         view = {t: replace(r, raw=stacked[t].new) if t in stacked else r for t, r in resolved.items()}
         new_values = patch.replacements(view)

@@ -110,10 +110,7 @@ class DraftTokenCounts(Patch):
             if counts is None or getattr(model_runner, "is_draft_worker", False) is not True:
                 return forward_init(cls, batch, model_runner, *args, **kwargs)
             target = batch.global_num_tokens, batch.global_num_tokens_for_logprob
-            batch.global_num_tokens, batch.global_num_tokens_for_logprob = (
-                counts,
-                batch.draft_global_num_tokens_for_logprob,
-            )
+            batch.global_num_tokens, batch.global_num_tokens_for_logprob = counts, batch.draft_global_num_tokens_for_logprob
             try:
                 return forward_init(cls, batch, model_runner, *args, **kwargs)
             finally:
