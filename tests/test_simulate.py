@@ -86,3 +86,26 @@ def test_unguarded_split_is_the_real_failure(tmp_path):
     data = simulate("--trace", str(trace), "--unguarded")
     assert data["stock"]["real_failure"].startswith("round 1: ") and "exited" in data["stock"]["real_failure"]
     assert data["patched"]["real_failure"] == "no split round"
+
+
+@pytest.mark.skipif(expected_status() != "applied", reason="the releases draft_token_counts patches")
+def test_backend_pair_stock_splits_the_draft_and_patched_does_not(tmp_path):
+    """``--moe-a2a-backend deepep --speculative-moe-a2a-backend none`` (target does not gather token counts, the
+    draft does): stock ranks split the draft bucket (3 vs 12 requests: 8 vs 16) and the draft path (65 is above the
+    draft graph's max_bs, 64), also next to a seedless PD batch; the patched arm (draft_token_counts with the vote)
+    never does. Same table, same trace."""
+    trace = tmp_path / "trace.jsonl"
+    rows = [
+        {"ranks": [{"kind": "decode", "num_reqs": 3}, {"kind": "decode", "num_reqs": 12}]},
+        {"ranks": [{"kind": "decode", "num_reqs": 2}, {"kind": "decode", "num_reqs": 65}]},
+        {"ranks": [{"kind": "decode", "num_reqs": 3, "seed": False}, {"kind": "decode", "num_reqs": 12}]},
+    ]
+    trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    data = simulate("--trace", str(trace), "--moe-a2a-backend", "deepep", "--speculative-moe-a2a-backend", "none")
+    assert (data["moe_a2a_backend"], data["speculative_moe_a2a_backend"]) == ("deepep", "none")
+    assert data["require_mlp_tp_gather"] == {"target": False, "draft": True}
+    check_arm(data["stock"], 3)
+    check_arm(data["patched"], 3)
+    assert data["stock"]["divergent_rounds"] == 3 and data["stock"]["hangs"] == 3, data["stock"]
+    assert data["stock"]["bucket_splits"] == 1, data["stock"]
+    assert data["patched"]["divergent_rounds"] == 0 and data["patched"]["hangs"] == 0, data["patched"]

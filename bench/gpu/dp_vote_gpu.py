@@ -80,7 +80,7 @@ def _worker(rank, world, port, rep):
         ps.initialize_model_parallel()
     tpg = ps.get_tp_group()
     gloo = dist.new_group(backend="gloo")
-    harness._ctx.update(rank=rank, world=world, path_group=gloo, device=f"cuda:{rank}")
+    harness._ctx.update(rank=rank, world=world, path_group=gloo, device=f"cuda:{rank}", server_args=sa)
     nccl = ".".join(map(str, torch.cuda.nccl.version()))
     backend = str(dist.get_backend(tpg.device_group))
     rep(phase="init", plugin=statuses, torch=torch.__version__, gpu=torch.cuda.get_device_name(rank), nccl=nccl,

@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from importlib.metadata import entry_points
 from typing import Any
 
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.config import MODE_ENV, PEER_TIMEOUT_ENV, REPORT_DIR_ENV, SKIP_ENV, Config, Mode, load_config
+from sglang_dp_mtp_fix.harness import fuzz
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "dp_mtp_fix"
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--seed", type=int, default=0, help="seed of the embedded trace (default 0)")
     sim.add_argument("--trace", type=str, default=None, help="JSON-lines trace file (schema: docs/simulate.md)")
     sim.add_argument("--json", action="store_true", help="machine-readable output")
+    fuzz.add_backend_arguments(sim)
     sim.add_argument(
         "--unguarded",
         action="store_true",
@@ -163,6 +166,7 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from pathlib import Path
 
     from sglang_dp_mtp_fix import simulate
+    from sglang_dp_mtp_fix.harness.pool import RankError
 
     ranks = args.ranks if args.ranks is not None else (None if args.trace else 4)
     if ranks is not None and not 2 <= ranks <= 8:
@@ -172,9 +176,22 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.trace and not Path(args.trace).is_file():
         parser.error(f"--trace {args.trace}: no such file")
     trace = Path(args.trace) if args.trace else None
-    data = simulate.simulate(
-        ranks or 0, args.rounds, args.seed, trace, progress=not args.json, unguarded=args.unguarded
-    )
+    backends = fuzz.backend_pair(args)
+    try:
+        data = simulate.simulate(
+            ranks or 0, args.rounds, args.seed, trace, progress=not args.json, unguarded=args.unguarded,
+            backends=backends,
+        )  # fmt: skip
+    except RankError as exc:
+        if backends is None:
+            raise
+        # e.g. 0.5.23 validates the built EP group against the re-published ServerArgs (the harness builds EP 1)
+        lines = str(exc).strip().splitlines()
+        error = [i for i, line in enumerate(lines) if re.match(r"[\w.]+(Error|Exception)\b", line)]
+        last = " ".join(line.strip() for line in lines[error[-1] if error else -1 :])
+        print(f"simulate: the ranks could not run --moe-a2a-backend {backends[0]} --speculative-moe-a2a-backend "
+              f"{backends[1]} on this SGLang: {last}", file=sys.stderr)  # fmt: skip
+        return 1
     if args.json:
         print(json.dumps(data))
     else:

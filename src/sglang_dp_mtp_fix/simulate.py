@@ -12,6 +12,12 @@ Trace format (``--trace FILE``, JSON lines): one line per round, ``{"ranks": [ST
   future_flag: bool (the future seed flag; default = seed)
   merge_seedless_prebuilt: bool (a seeded running batch absorbs a seedless prebuilt batch)
   seed_from_draft_extend: bool (default true)   has_draft_worker: bool (default true; false = non-last PP rank)
+
+``--moe-a2a-backend TARGET --speculative-moe-a2a-backend DRAFT`` (SGLang's flags): both arms run as that deployment
+(ServerArgs published on every rank, the plugin applied under it). Where the draft answers ``require_mlp_tp_gather``
+differently from the target (``deepep`` / ``none``: the FP4 NextN recipe), stock ranks split the draft bucket or path
+on their own counts and the patched arm (draft_token_counts) does not; the embedded trace then also draws batch sizes
+across the draft graph's buckets and above its ``max_bs``.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ REAL = [
 ]
 STAND_INS = [
     "scheduler / DP-attention adapter shells (get_new_prebuilt_batch -> None, update_running_batch -> unchanged)",
-    "EAGLE worker, draft worker and draft graph runner made without __init__ (it loads models / captures graphs)",
+    "EAGLE worker, draft worker and draft graph runner made without __init__ (it loads models / captures graphs); "
+    "the draft graph's bucket choice of its replay (captured sizes 8/16/32/64)",
     "model runner for ForwardBatch.init_new (a null object), decode tensors of prepare_for_decode",
     "the seedless guard of EagleDraftWorker.draft on the seed the FutureMap resolves (draft() needs a model)",
     "draft-step collectives: 3 all-gathers padded to the graph bucket (graph) or to the live max (eager)",
@@ -51,8 +58,11 @@ STAND_INS = [
 VOTE_PATCH = "draft_graph_vote"
 
 
-def generate_trace(ranks: int, rounds: int, seed: int) -> list[list[dict[str, Any]]]:
-    """Embedded default: idle ranks, PD arrivals without seeds in ~10 % of rounds, overlap-style merges."""
+def generate_trace(ranks: int, rounds: int, seed: int, wide: bool = False) -> list[list[dict[str, Any]]]:
+    """Embedded default: idle ranks, PD arrivals without seeds in ~10 % of rounds, overlap-style merges.
+
+    ``wide``: decode batches of 1-20 requests, and 60-70 in one of ten (across the draft graph's buckets and above
+    its max_bs), for a deployment whose draft gathers token counts differently from the target."""
     rng = random.Random(seed)
     trace: list[list[dict[str, Any]]] = []
     for _ in range(rounds):
@@ -64,7 +74,11 @@ def generate_trace(ranks: int, rounds: int, seed: int) -> list[list[dict[str, An
             elif roll < 0.40:
                 states.append({"kind": "idle"})
             else:
-                states.append({"kind": "decode", "num_reqs": rng.randint(1, 7), "seed": True, "overlap": True})
+                if wide:
+                    n = rng.randint(1, 20) if rng.random() > 0.1 else rng.randint(60, 70)
+                else:
+                    n = rng.randint(1, 7)
+                states.append({"kind": "decode", "num_reqs": n, "seed": True, "overlap": True})
         if rng.random() < 0.10:  # a PD arrival without a DSA seed lands on one rank
             active = [i for i, s in enumerate(states) if s["kind"] == "decode"] or [rng.randrange(ranks)]
             i = rng.choice(active)
@@ -105,6 +119,7 @@ class Arm:
     rounds: int = 0
     rounds_with_batches: int = 0
     divergent_rounds: int = 0
+    bucket_splits: int = 0  # rounds whose ranks agree on the draft path but not on its gathered size
     hangs: int = 0
     generic_graph_rate: float = 0.0
     draft_graph_rate: float = 0.0
@@ -129,14 +144,23 @@ def summarize(per_round: list[list[dict[str, Any]]], wall_ms: list[float]) -> Ar
         arm.rounds_with_batches += 1
         paths = {r["draft_path"] for r in ran}
         decode_votes = {r["decode_graph"] for r in ran}
-        if len(paths) > 1 or len(decode_votes) > 1:
+        rows = {r["rank"]: r.get("draft_rows") for r in ran if r.get("draft_gathers")}
+        bucket_split = len(paths) == 1 and len(set(rows.values())) > 1
+        arm.bucket_splits += bucket_split
+        if len(paths) > 1 or len(decode_votes) > 1 or bucket_split:
             arm.divergent_rounds += 1
         if any(r.get("collective") == "split" for r in ran):
             arm.hangs += 1
             if len(arm.hang_examples) < 3:
                 graph = [r["rank"] for r in ran if r["draft_path"] == "graph"]
                 eager = [r["rank"] for r in ran if r["draft_path"] == "eager"]
-                arm.hang_examples.append(f"round {i}: ranks {graph} replay the draft graph, ranks {eager} run eager")
+                if bucket_split:
+                    what = "draft graph buckets" if paths == {"graph"} else "eager draft rows"
+                    arm.hang_examples.append(f"round {i}: ranks take different {what} {rows}")
+                else:
+                    arm.hang_examples.append(
+                        f"round {i}: ranks {graph} replay the draft graph, ranks {eager} run eager"
+                    )
         if decode_votes == {True}:
             generic += 1
         if paths == {"graph"}:
@@ -164,21 +188,25 @@ def first_split_round(pool: Any, trace: list[list[dict[str, Any]]]) -> int | Non
     return None
 
 
-def unguarded_failure(world: int, trace: list[list[dict[str, Any]]], apply: bool, progress: bool) -> str | None:
+def unguarded_failure(
+    world: int,
+    trace: list[list[dict[str, Any]]],
+    apply: bool,
+    progress: bool,
+    backends: tuple[str, str] | None = None,
+) -> str | None:
     """Replay the trace up to its first split round, then issue that round's collectives without the pre-flight:
     the real failure (gloo aborts the ranks on the size mismatch, or the 10 s timeout fires). Fresh ranks, because
     the failing ones do not survive it."""
     from sglang_dp_mtp_fix.harness.pool import RankError, RankPool
 
     with RankPool(world, load_plugins=apply, env={"SGLANG_PLUGINS": "dp_mtp_fix"}) as pool:
-        if not apply:
-            pool.plugin("restore")
+        pool.configure(backends, apply)
         split = first_split_round(pool, trace)
     if split is None:
         return None
     with RankPool(world, load_plugins=apply, env={"SGLANG_PLUGINS": "dp_mtp_fix"}) as pool:
-        if not apply:
-            pool.plugin("restore")
+        pool.configure(backends, apply)
         states = [{**s, "_unguarded": True} for s in trace[split]]
         if progress:
             print(f"  unguarded: issuing round {split}'s draft-step all-gathers as each rank chose", file=sys.stderr)
@@ -209,36 +237,55 @@ def run_arm(pool: Any, trace: list[list[dict[str, Any]]], label: str, progress: 
 
 
 def simulate(
-    ranks: int, rounds: int, seed: int, trace_path: Path | None, progress: bool, unguarded: bool = False
+    ranks: int,
+    rounds: int,
+    seed: int,
+    trace_path: Path | None,
+    progress: bool,
+    unguarded: bool = False,
+    backends: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     from sglang_dp_mtp_fix.harness.pool import RankPool
 
-    trace = load_trace(trace_path, ranks if ranks else None) if trace_path else generate_trace(ranks, rounds, seed)
+    wide = backends is not None and backends[0] != backends[1]
+    if trace_path:
+        trace = load_trace(trace_path, ranks if ranks else None)
+    else:
+        trace = generate_trace(ranks, rounds, seed, wide)
     world = len(trace[0])
     if progress:
         print(f"starting {world} CPU ranks (gloo) with the installed SGLang ...", file=sys.stderr)
     with RankPool(world, load_plugins=True, env={"SGLANG_PLUGINS": "dp_mtp_fix"}) as pool:
-        statuses: dict[str, str] = pool.plugin("apply")[0]["statuses"] if pool.setup else {}
+        configured = pool.configure(backends, patched=True)[0]
+        statuses: dict[str, str] = configured["statuses"]
+        gathers = {"target": configured["target_gathers"], "draft": configured["draft_gathers"]}
         version = pool.setup[0]["sglang"]
         # The arms compare the draft vote; the DSA/draft-row patches may be not-affected on this release.
         applied = bool(statuses) and statuses.get(VOTE_PATCH) == "applied"
-        pool.plugin("restore")
+        pool.configure(backends, patched=False)
         stock = run_arm(pool, trace, "stock", progress)
         patched = None
         counters = None
         if applied:
-            pool.plugin({"command": "apply", "env": {"SGLANG_DP_MTP_FIX_STATS": "10000000"}})
+            pool.configure(backends, patched=True, env={"SGLANG_DP_MTP_FIX_STATS": "10000000"})
             patched = run_arm(pool, trace, "patched", progress)
             counters = [r["stats"] for r in pool.plugin("stats")]
             pool.plugin("restore")
     if unguarded:
-        stock.real_failure = unguarded_failure(world, trace, apply=False, progress=progress) or "no split round"
+        stock.real_failure = (
+            unguarded_failure(world, trace, apply=False, progress=progress, backends=backends) or "no split round"
+        )
         if patched is not None:
-            patched.real_failure = unguarded_failure(world, trace, apply=True, progress=progress) or "no split round"
+            patched.real_failure = (
+                unguarded_failure(world, trace, apply=True, progress=progress, backends=backends) or "no split round"
+            )
     return {
         "sglang_version": version,
         "ranks": world,
         "rounds": len(trace),
+        "moe_a2a_backend": backends[0] if backends else None,
+        "speculative_moe_a2a_backend": backends[1] if backends else None,
+        "require_mlp_tp_gather": gathers,
         "plugin_statuses": statuses,
         "stock": asdict(stock),
         "patched": asdict(patched) if patched else None,
@@ -252,9 +299,16 @@ def simulate(
 def print_table(data: dict[str, Any]) -> None:
     stock, patched = data["stock"], data["patched"]
     print(f"SGLang {data['sglang_version']}, {data['ranks']} DP ranks (CPU, gloo), {data['rounds']} decode rounds")
+    if data.get("moe_a2a_backend"):
+        gathers = data["require_mlp_tp_gather"]
+        print(
+            f"  --moe-a2a-backend {data['moe_a2a_backend']} (gathers token counts: {gathers['target']}) "
+            f"--speculative-moe-a2a-backend {data['speculative_moe_a2a_backend']} (gathers: {gathers['draft']})"
+        )
     rows = [
         ("rounds with a batch on some rank", "rounds_with_batches", "{}"),
         ("rounds with divergent decisions", "divergent_rounds", "{}"),
+        ("  of which draft-bucket/row splits", "bucket_splits", "{}"),
         ("hangs (collective split)", "hangs", "{}"),
         ("generic-graph rate", "generic_graph_rate", "{:.1%}"),
         ("draft-graph rate", "draft_graph_rate", "{:.1%}"),

@@ -45,20 +45,28 @@ class GatheredSyncInfoStandIn:
         return False if "graph" not in name else True  # decode-graph votes yes; other group fields off
 
 
-def server_args(target: str, draft: str) -> Any:
-    from sglang.srt.layers.moe import utils as moe_utils
+def server_args(target: str, draft: str, world: int = 2, rank: int = 0) -> Any:
+    """The deployment's ServerArgs (``world`` DP ranks, EP over all of them), published as this process's scheduler
+    (rank ``rank``) publishes it, and the MoE config initialized from it."""
     from sglang.srt.server_args import ServerArgs
 
     sa = ServerArgs(
-        model_path=DUMMY_MODEL, device="cpu", tp_size=2, dp_size=2, ep_size=2, enable_dp_attention=True,
+        model_path=DUMMY_MODEL, device="cpu", tp_size=world, dp_size=world, ep_size=world, enable_dp_attention=True,
         enable_dp_lm_head=True, moe_dense_tp_size=1, skip_tokenizer_init=True, load_format="dummy",
         speculative_algorithm="EAGLE", speculative_draft_model_path=DUMMY_MODEL,
         moe_a2a_backend=target, speculative_moe_a2a_backend=draft,
     )  # fmt: skip
-    publish_server_args(sa)
-    init = moe_utils.initialize_moe_config
-    init(sa) if inspect.signature(init).parameters else init()  # as the scheduler process does
+    publish_server_args(sa, rank)
+    initialize_moe_config(sa)
     return sa
+
+
+def initialize_moe_config(sa: Any) -> None:
+    """The MoE runtime flags from ``sa``, as the scheduler process sets them after publishing its ServerArgs."""
+    from sglang.srt.layers.moe import utils as moe_utils
+
+    init = moe_utils.initialize_moe_config
+    init(sa) if inspect.signature(init).parameters else init()
 
 
 def gather_answers(sa: Any) -> tuple[bool, bool]:

@@ -94,6 +94,8 @@ def _rank_main(
                 result = r.run_rounds(payload, collective=False)
             elif command == "plugin":
                 result = r.plugin(payload)
+            elif command == "configure":
+                result = r.configure(payload)
             else:
                 raise ValueError(command)
             outbox.put(("ok", result))
@@ -218,6 +220,16 @@ class RankPool:
         """'apply' / 'restore' / 'stats' on every rank, or one command per rank (a misconfigured-node scenario)."""
         commands = command if isinstance(command, list) else [command] * self.world
         return self._send("plugin", commands)
+
+    def configure(
+        self, backends: tuple[str, str] | list[str] | None, patched: bool, env: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """One deployment on every rank together (one scheduler process has one ServerArgs): re-publish ServerArgs
+        with ``--moe-a2a-backend`` / ``--speculative-moe-a2a-backend`` = ``backends`` (None: the pool's baseline
+        ServerArgs), then apply the plugin afresh (``patched``) or stay stock. Each rank answers with its plugin
+        statuses and SGLang's (target, draft) ``require_mlp_tp_gather``."""
+        payload = {"backends": list(backends) if backends else None, "patched": patched, "env": env or {}}
+        return self._send("configure", [payload] * self.world)
 
     def close(self) -> None:
         for box in self._inboxes:

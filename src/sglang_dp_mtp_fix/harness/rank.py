@@ -26,6 +26,7 @@ STAND-INS (each needs a GPU model, KV pools or a live scheduler to exist for rea
 
 from __future__ import annotations
 
+import bisect
 import gc
 import inspect
 import os
@@ -68,6 +69,7 @@ def setup(rank: int, world: int, port: int, model_path: str, load_plugins: bool)
         skip_tokenizer_init=True, load_format="dummy",
     )  # fmt: skip
     publish_server_args(sa, rank)
+    _ctx["server_args"] = sa  # the baseline deployment (configure() without a backend pair goes back to it)
     ps.init_distributed_environment(
         backend="gloo", world_size=world, rank=rank, local_rank=rank,
         distributed_init_method=f"tcp://127.0.0.1:{port}",
@@ -117,22 +119,59 @@ def _parameters(key: str, fn: Any) -> Any:
     return cache[key]
 
 
+def gather_answers() -> tuple[bool, bool]:
+    """(target, draft) ``require_mlp_tp_gather`` of this process's published ServerArgs, from SGLang: the target's
+    as the scheduler computes it, the draft runner's inside ``speculative_moe_a2a_backend_context()``. Once per
+    configuration (``configure`` clears it): one scheduler process has one ServerArgs."""
+    if "answers" not in _ctx:
+        from sglang_dp_mtp_fix.harness.draft_counts import gather_answers as answers_of
+
+        _ctx["answers"] = answers_of(_ctx["server_args"])
+    return _ctx["answers"]  # type: ignore[no-any-return]
+
+
+def configure(command: dict[str, Any]) -> dict[str, Any]:
+    """One deployment on every rank together: ``{"backends": [TARGET, DRAFT] | None, "patched": bool}``.
+
+    Publishes this rank's ServerArgs with ``--moe-a2a-backend TARGET --speculative-moe-a2a-backend DRAFT`` (the
+    baseline ServerArgs of ``setup`` when None) and initializes the MoE config from it, as a scheduler process does
+    at start; then applies the plugin afresh under it (its patches read the configuration at application, e.g.
+    draft_token_counts' draft answer) or leaves SGLang stock."""
+    from sglang_dp_mtp_fix.harness import draft_counts
+
+    backends = command.get("backends")
+    _ctx.setdefault("baseline", _ctx["server_args"])
+    if backends:
+        target, draft = backends
+        _ctx["server_args"] = draft_counts.server_args(target, draft, world=_ctx["world"], rank=_ctx["rank"])
+    else:
+        _ctx["server_args"] = _ctx["baseline"]
+        publish_server_args(_ctx["server_args"], _ctx["rank"])
+        draft_counts.initialize_moe_config(_ctx["server_args"])
+    _ctx.pop("answers", None)
+    answers = gather_answers()
+    plugin("restore")
+    statuses = plugin({"command": "apply", "env": command.get("env") or {}})["statuses"] if command["patched"] else {}
+    return {"rank": _ctx["rank"], "statuses": statuses, "target_gathers": answers[0], "draft_gathers": answers[1]}
+
+
 class AdapterStandIn:
     def __init__(self, world: int, get_idle_batch: Any, model_runner: Any):
         from sglang.srt.distributed import parallel_state as ps
         from sglang.srt.managers.scheduler_components import dp_attn
 
         self._dp_attn = dp_attn
+        target_gathers, draft_gathers = gather_answers()
         params = _parameters("prepare_mlp_sync_batch_raw", dp_attn.prepare_mlp_sync_batch_raw)
         kw: dict[str, Any] = dict(
             model_runner=model_runner, get_idle_batch=get_idle_batch, disable_cuda_graph=False,
-            require_mlp_tp_gather=True, offload_tags=set(),
+            require_mlp_tp_gather=target_gathers, offload_tags=set(),
             disable_overlap_schedule=bool(os.environ.get("SGLANG_DP_MTP_FIX_HARNESS_DEVICE_GROUP")),
         )  # fmt: skip
         if "tp_group" in params:
             kw.update(dp_size=world, attn_tp_size=1, attn_cp_size=1, tp_group=ps.get_tp_group())
-        if "draft_require_mlp_tp_gather" in params:
-            kw["draft_require_mlp_tp_gather"] = True
+        if "draft_require_mlp_tp_gather" in params:  # 0.5.21+
+            kw["draft_require_mlp_tp_gather"] = draft_gathers
         self._kw = {k: v for k, v in kw.items() if k in params}
 
     def get_require_mlp_sync(self) -> bool:
@@ -172,6 +211,10 @@ def _draft_input(seed: bool, overlap: bool, future_flag: bool | None, n: int) ->
         hidden_states=torch.zeros((n, 4), device=dev), bonus_tokens=torch.zeros((n,), dtype=torch.long, device=dev),
         dsa_topk_indices=torch.zeros((n, 8), dtype=torch.int32, device=dev) if seed else None,
     )  # fmt: skip
+    if hasattr(di, "num_tokens_per_req"):
+        # What the EAGLE worker sets before the draft decode (topk = 1): -1 (unset) would scale the draft's DP counts
+        # negative in ForwardBatch.init_new (0.5.15.post1's can_run_graph then passes any size).
+        di.num_tokens_per_req = di.num_tokens_for_logprob_per_req = 1
     if overlap:
         di.future_indices = torch.arange(n, device=dev)
         di.future_dsa_topk_indices_available = seed if future_flag is None else future_flag
@@ -277,8 +320,9 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     )
     draft_vote = getattr(run_batch, "can_run_dp_draft_cuda_graph", None)
     is_idle = run_batch.forward_mode.is_idle()
-    view = real_forward_batch(run_batch, spec_algo)
+    view = real_forward_batch(run_batch, spec_algo)  # the draft's ForwardBatch (built with the draft model runner)
     runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, spec_algo)
+    runner.require_mlp_tp_gather = gather_answers()[1]  # the draft runner's own answer
     if state.get("_flip_draft_path"):
         # TEST-ONLY switch (flight-recorder tests): a bug elsewhere that turns this rank's draft path around after
         # the group's vote; the plugin's can_run_graph then answers the other way on this rank alone.
@@ -291,6 +335,7 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
     spec_info = getattr(run_batch, "spec_info", None)
     guard_eager = (not is_idle) and seed_flag and spec_info is not None and not resolved_seed_present(spec_info)
     draft_graph = runner_graph and not guard_eager
+    draft_rows = draft_step_rows(view, runner, draft_graph)
     cause = None
     if not draft_graph:
         if guard_eager and runner_graph:
@@ -299,6 +344,8 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
             cause = "own seedless batch"
         elif draft_vote is False:
             cause = "another rank's vote"
+        elif (draft_step_rows(view, runner, False) or view.batch_size) > runner.max_bs:
+            cause = "above the draft graph's max_bs"
         else:
             cause = "generic graph refused"
     return {
@@ -313,6 +360,9 @@ def run_round(state: dict[str, Any]) -> dict[str, Any]:
         "force_disable_draft_cuda_graph": getattr(batch, "force_disable_draft_cuda_graph", None),
         "runner_graph": runner_graph,
         "draft_path": "graph" if draft_graph else "eager",
+        "draft_gathers": bool(runner.require_mlp_tp_gather),
+        "draft_rows": draft_rows,
+        "draft_bucket": draft_rows if draft_graph else None,
         "eager_cause": cause,
         "sync_ms": sync_ms,
         "sync_cpu_ms": sync_cpu_ms,
@@ -365,11 +415,12 @@ def decode_tensors(batch: Any) -> None:
 
 
 def real_forward_batch(batch: Any, spec_algo: Any) -> Any:
-    """SGLang's real ``ForwardBatch.init_new`` (wrapped by the plugin when it is applied) on the synced batch."""
+    """SGLang's real ``ForwardBatch.init_new`` (wrapped by the plugin when it is applied) on the synced batch, as the
+    draft builds it: with the draft model runner (``is_draft_worker``, read by 0.5.21+ and draft_token_counts)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     decode_tensors(batch)
-    runner = ModelRunnerStandIn(device=_ctx.get("device", "cpu"), spec_algorithm=spec_algo)
+    runner = ModelRunnerStandIn(device=_ctx.get("device", "cpu"), spec_algorithm=spec_algo, is_draft_worker=True)
     init = ForwardBatch.init_new
     kwargs = {"return_hidden_states_before_norm": False}
     if "return_hidden_states_before_norm" not in _parameters("ForwardBatch.init_new", init):
@@ -380,17 +431,36 @@ def real_forward_batch(batch: Any, spec_algo: Any) -> Any:
 def draft_runner_standin(runner_cls: Any, spec_algo: Any) -> Any:
     runner = object.__new__(runner_cls)  # real class; __init__ captures CUDA graphs
     for name, value in dict(
-        require_mlp_tp_gather=True, require_mlp_sync=True, disable_padding=False, max_bs=64, capture_bs=[8, 16, 32, 64],
-        num_tokens_per_bs=1,
-        captured_req_width=1, model_runner=SimpleNamespace(spec_algorithm=spec_algo),
+        require_mlp_tp_gather=True, require_mlp_sync=True, disable_padding=False, max_bs=DRAFT_CAPTURE_BS[-1],
+        capture_bs=list(DRAFT_CAPTURE_BS), num_tokens_per_bs=1, captured_req_width=1,
+        model_runner=SimpleNamespace(spec_algorithm=spec_algo),
     ).items():  # fmt: skip
         setattr(runner, name, value)
     return runner
 
 
+def draft_step_rows(view: Any, runner: Any, graph: bool) -> int | None:
+    """The rows the draft step's gathered MoE runs with on this rank: the captured bucket it replays (graph) or the
+    live maximum of the draft's counts (eager); None when the draft does not gather (its a2a backend dispatches).
+
+    STAND-IN for the bucket choice at the top of ``EAGLEDraftCudaGraphRunner`` replay (its ``execute`` needs captured
+    graphs): the size it pads (``max(global_num_tokens_cpu) // captured_req_width`` when the runner gathers, the
+    local batch size otherwise), padded by SGLang's own ``_pad_to_bucket`` where the release has it."""
+    counts = [c // runner.captured_req_width for c in getattr(view, "global_num_tokens_cpu", None) or []]
+    if graph:
+        size = max(counts, default=0) if runner.require_mlp_tp_gather else view.batch_size
+        pad = getattr(type(runner), "_pad_to_bucket", None)
+        if pad is not None:
+            return int(pad(int(size), runner.capture_bs))
+        return int(runner.capture_bs[bisect.bisect_left(runner.capture_bs, size)])
+    return max(counts, default=0) if runner.require_mlp_tp_gather else None
+
+
 # Draft CUDA-graph batch sizes the emulated draft graph was captured at (as with --cuda-graph-bs 8 16 32 64 128): a
 # replay pads up to the next captured size, while the eager path pads to the live maximum (GPU recipe's toy: 8 vs 3).
 GRAPH_BUCKETS = (8, 16, 32, 64, 128)
+# The draft runner stand-in's captured batch sizes (max_bs = the last): the same buckets up to 64.
+DRAFT_CAPTURE_BS = GRAPH_BUCKETS[:4]
 HIDDEN = 8  # row width of the emulated draft-step all-gathers
 DRAFT_STEPS = 3  # --speculative-num-steps of the reproduced deployment
 
@@ -446,9 +516,13 @@ def path_collective(result: dict[str, Any], guarded: bool = True) -> dict[str, A
 
     group = _ctx["path_group"]
     world = dist.get_world_size(group)
-    tokens = result.get("global_num_tokens") or [0]
     graph = result.get("draft_path") == "graph"
-    rows = graph_rows(max(tokens)) if graph else max(tokens)
+    if "draft_rows" in result:
+        # A draft that does not gather has no gathered MoE: only its path is compared (1 row each).
+        rows = result["draft_rows"] if result["draft_rows"] is not None else 1
+    else:
+        tokens = result.get("global_num_tokens") or [0]
+        rows = graph_rows(max(tokens)) if graph else max(tokens)
     paths = None
     if guarded:
         descriptor = torch.tensor([1 if graph else 0, rows], dtype=torch.int64)
