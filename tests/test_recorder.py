@@ -122,13 +122,19 @@ def test_unset_builds_no_recording_code_and_creates_nothing(restored, tmp_path, 
         pytest.skip("the vote is not applied on this release")
     monkeypatch.delenv(RECORDER_DIR_ENV, raising=False)
     restored.register()
-    assert recorder.active() is None and recorder.__file__ not in dp_attn._update_gather_batch.__code__.co_filename
-    assert "draft_graph_vote" in dp_attn._update_gather_batch.__code__.co_filename
+
+    def vote_layer():  # draft_token_counts stacks on the vote's wrapper: look one layer in
+        outer = dp_attn._update_gather_batch
+        assert "draft_token_counts" in outer.__code__.co_filename
+        return outer.__wrapped__
+
+    assert recorder.active() is None and recorder.__file__ not in vote_layer().__code__.co_filename
+    assert "draft_graph_vote" in vote_layer().__code__.co_filename
     restored.restore()
     monkeypatch.setenv(RECORDER_DIR_ENV, str(tmp_path))
     restored.register()
     assert recorder.active() is not None
-    assert dp_attn._update_gather_batch.__code__.co_filename == recorder.__file__  # the recording wrapper is live
+    assert vote_layer().__code__.co_filename == recorder.__file__  # the recording wrapper is live
     assert files(tmp_path) == []  # created at the first MLP-sync round, when the ranks are known
 
 
