@@ -74,8 +74,10 @@ def gather_answers(sa: Any) -> tuple[bool, bool]:
     from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
     from sglang.srt.utils.common import require_mlp_tp_gather
 
+    from sglang_dp_mtp_fix.patches._startup_checks import takes_server_args
+
     def answer() -> bool:
-        return bool(require_mlp_tp_gather(sa) if inspect.signature(require_mlp_tp_gather).parameters else
+        return bool(require_mlp_tp_gather(sa) if takes_server_args(require_mlp_tp_gather) else
                     require_mlp_tp_gather())  # fmt: skip
 
     target = answer()

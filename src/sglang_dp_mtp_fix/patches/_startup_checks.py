@@ -50,14 +50,22 @@ def skip_all_gather_hazard(scheduler: Any) -> str | None:
     )
 
 
-def _mlp_tp_gather(server_args: Any) -> bool:
-    """SGLang's own ``require_mlp_tp_gather`` (takes the server args up to 0.5.17, reads the published ones after)."""
+def takes_server_args(require_mlp_tp_gather: Callable[..., Any]) -> bool:
+    """Whether SGLang's ``require_mlp_tp_gather`` takes the server args positionally (up to 0.5.17); later releases
+    read the published ones (0.5.21+ also take a keyword-only ``moe_a2a_backend``)."""
     import inspect
 
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(p.kind in kinds for p in inspect.signature(require_mlp_tp_gather).parameters.values())
+
+
+def _mlp_tp_gather(server_args: Any) -> bool:
+    """SGLang's own ``require_mlp_tp_gather`` (takes the server args up to 0.5.17, reads the published ones after)."""
     from sglang.srt.utils.common import require_mlp_tp_gather
 
-    return bool(require_mlp_tp_gather(server_args) if inspect.signature(require_mlp_tp_gather).parameters else
-                require_mlp_tp_gather())  # fmt: skip
+    if takes_server_args(require_mlp_tp_gather):
+        return bool(require_mlp_tp_gather(server_args))
+    return bool(require_mlp_tp_gather())
 
 
 def draft_token_counts_hazard(scheduler: Any) -> str | None:

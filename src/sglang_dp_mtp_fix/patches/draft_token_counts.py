@@ -22,11 +22,11 @@ Removable when: the oldest supported release carries upstream #32196 (0.5.21).
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any
 
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.patches._detect import classify_group
+from sglang_dp_mtp_fix.patches._startup_checks import takes_server_args
 from sglang_dp_mtp_fix.patches.draft_graph_vote import DP_ATTN, FORWARD_INIT, SCHEDULE_BATCH, UPDATE_BATCH
 
 DRAFT_COUNTS = "draft_global_num_tokens"
@@ -54,7 +54,7 @@ def draft_gathers(server_args: Any = None) -> bool:
     from sglang.srt.utils.common import require_mlp_tp_gather
 
     with speculative_moe_a2a_backend_context():
-        if not inspect.signature(require_mlp_tp_gather).parameters:  # 0.5.18+ reads the published ServerArgs
+        if not takes_server_args(require_mlp_tp_gather):  # 0.5.18+ reads the published ServerArgs
             return bool(require_mlp_tp_gather())
         if server_args is None:
             from sglang.srt.server_args import get_global_server_args
