@@ -318,8 +318,9 @@ def test_soak_malformed_requests_get_sglangs_answer_and_the_server_keeps_serving
     assert set(got) == set(soaklib.MALFORMED), figures["malformed"]
     for m in figures["malformed"]:
         assert m["status"] in soaklib.MALFORMED_ANSWER[m["kind"]], m
-    # requests after the last malformed one were served (analyse checked every request)
-    assert figures["requests"] > max(m["after_request"] for m in figures["malformed"]), figures
+    # requests sent after the last malformed one were served (analyse checked every request): request n goes out
+    # right after malformed n, so the soak may end on it (seen in CI: the last malformed at request 80 of 80)
+    assert figures["requests"] >= max(m["after_request"] for m in figures["malformed"]), figures
 
 
 @soak_only
