@@ -27,7 +27,7 @@ from typing import Any
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.patches._detect import classify_group
 from sglang_dp_mtp_fix.patches._startup_checks import takes_server_args
-from sglang_dp_mtp_fix.patches.draft_graph_vote import DP_ATTN, FORWARD_INIT, SCHEDULE_BATCH, UPDATE_BATCH
+from sglang_dp_mtp_fix.patches.draft_graph_vote import FORWARD_INIT, SCHEDULE_BATCH, SYNC_RAW, UPDATE_BATCH
 
 DRAFT_COUNTS = "draft_global_num_tokens"
 DRAFT_COUNTS_FOR_LOGPROB = "draft_global_num_tokens_for_logprob"
@@ -40,7 +40,6 @@ SB_COUNTS_FOR_LOGPROB = Target(
 # speculative backend context; the sync hands _update_gather_batch the target's answer as ``require_mlp_tp_gather``.
 GATHER_ANSWER = Target("sglang.srt.utils.common", "require_mlp_tp_gather", Kind.CHECK)
 DRAFT_CONTEXT = Target("sglang.srt.layers.moe.utils", "speculative_moe_a2a_backend_context", Kind.CHECK)
-SYNC_RAW = Target(DP_ATTN, "prepare_mlp_sync_batch_raw", Kind.CHECK)
 # 0.5.20 reads the counts in this method, called by init_new; earlier releases read them inline in init_new.
 SYNC_METADATA = Target(
     "sglang.srt.model_executor.forward_batch_info", "ForwardBatch.init_mlp_sync_metadata", Kind.CHECK, required=False
