@@ -43,56 +43,72 @@ WARM = "import sglang.srt.managers.scheduler, sglang.srt.speculative.eagle_worke
 # -- the finder ------------------------------------------------------------------------------------------------------
 @pytest.fixture()
 def package(tmp_path, monkeypatch):
-    """A throw-away package ``hookpkg`` with modules ``good`` and ``broken`` (raises on import)."""
+    """A throw-away package ``hookpkg`` with modules ``good`` and ``broken`` (raises on import). Yields
+    ``when_imported``, which registers a hook and cancels it at teardown if it has not run."""
     root = tmp_path / "hookpkg"
     root.mkdir()
     (root / "__init__.py").write_text("")
     (root / "good.py").write_text("VALUE = 41\nVALUE += 1\n")
     (root / "broken.py").write_text("raise ImportError('broken on purpose')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    yield "hookpkg"
+    registered: list[importhook.Hook] = []
+
+    def when_imported(name: str, hook: importhook.Hook) -> importhook.Hook:
+        registered.append(hook)
+        importhook.when_imported(name, hook)
+        return hook
+
+    yield when_imported
     for name in [m for m in sys.modules if m.startswith("hookpkg")]:
         del sys.modules[name]
-    for name in list(importhook.pending()):
-        if name.startswith("hookpkg"):
-            importhook._hooks.pop(name, None)
-
-
-def _finder_installed() -> bool:
-    return any(isinstance(f, importhook._PostImportFinder) for f in sys.meta_path)
+    for hook in registered:
+        importhook.cancel(hook)
 
 
 def test_hook_runs_once_after_the_module_body_and_the_finder_leaves(package):
     seen = []
-    importhook.when_imported("hookpkg.good", lambda module: seen.append(module.VALUE))
-    assert _finder_installed() and importhook.pending() == {"hookpkg.good": 1}
+    package("hookpkg.good", lambda module: seen.append(module.VALUE))
+    assert importhook.finder_installed() and importhook.waiting() == {"hookpkg.good": 1}
     assert not importhook.is_imported("hookpkg.good")
     import hookpkg.good
 
     assert seen == [42]  # after the whole body ran
-    assert importhook.is_imported("hookpkg.good") and not _finder_installed() and importhook.pending() == {}
+    assert importhook.is_imported("hookpkg.good") and not importhook.finder_installed() and importhook.waiting() == {}
     import inspect
 
-    assert "VALUE += 1" in inspect.getsource(hookpkg.good)  # the wrapped loader still serves the source
+    assert "VALUE += 1" in inspect.getsource(hookpkg.good)
+
+
+def test_the_imported_module_keeps_its_real_loader(package):
+    """As if imported without the hook: ``__loader__`` and ``__spec__.loader`` are the real loader, not ours."""
+    import importlib.machinery
+
+    loaders = []
+    package("hookpkg.good", lambda module: loaders.extend([module.__loader__, module.__spec__.loader]))
+    import hookpkg.good
+
+    for loader in (hookpkg.good.__loader__, hookpkg.good.__spec__.loader, *loaders):
+        assert type(loader) is importlib.machinery.SourceFileLoader
 
 
 def test_a_failed_import_runs_no_hook_and_a_cancelled_hook_never_runs(package):
     seen = []
-    importhook.when_imported("hookpkg.broken", lambda module: seen.append("broken"))
+    broken_hook = package("hookpkg.broken", lambda module: seen.append("broken"))
     with pytest.raises(ImportError, match="broken on purpose"):
         import hookpkg.broken  # noqa: F401
-    assert seen == [] and importhook.pending() == {"hookpkg.broken": 1}  # still waiting (no module was made)
+    assert seen == [] and importhook.waiting() == {"hookpkg.broken": 1}  # still waiting (no module was made)
 
     def hook(module):
         seen.append("good")
 
-    importhook.when_imported("hookpkg.good", hook)
+    package("hookpkg.good", hook)
     importhook.cancel(hook)
-    importhook._hooks.pop("hookpkg.broken")
-    importhook.cancel(hook)  # the last one gone: the finder leaves sys.meta_path
+    importhook.cancel(hook)  # a second cancel is a no-op
+    assert importhook.finder_installed()  # the broken module's hook still waits
+    importhook.cancel(broken_hook)  # the last one gone: the finder leaves sys.meta_path
     import hookpkg.good  # noqa: F401
 
-    assert seen == [] and not _finder_installed()
+    assert seen == [] and not importhook.finder_installed()
 
 
 def test_an_exception_in_a_hook_fails_the_import_statement(package):
@@ -102,7 +118,7 @@ def test_an_exception_in_a_hook_fails_the_import_statement(package):
     def hook(module):
         raise Stop("stop from the hook")
 
-    importhook.when_imported("hookpkg.good", hook)
+    package("hookpkg.good", hook)
     with pytest.raises(Stop, match="stop from the hook"):
         import hookpkg.good  # noqa: F401
     assert "hookpkg.good" not in sys.modules  # the import failed as a whole
@@ -124,7 +140,7 @@ state = manager.peer_fingerprints()  # what the cross-rank check publishes
 logging.basicConfig(level=logging.INFO)
 report.emit(manager.outcomes, plugin.last_config)
 print(json.dumps({{"before": before, "after": dsa(), "statuses": {{o.id: o.status.value for o in manager.outcomes}},
-                  "pending": importhook.pending(), "state": sorted(state),
+                  "pending": importhook.waiting(), "state": sorted(state),
                   "runner": [runner_before, {model_runner!r} in sys.modules]}}))
 """
 

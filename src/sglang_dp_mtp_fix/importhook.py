@@ -8,9 +8,10 @@ process from inside SGLang's model import). One code path: this module.
 
 How: a finder at the front of ``sys.meta_path`` answers only for the module names with a pending hook. It asks the
 finders after it for the real spec and wraps that spec's loader; after the real loader's ``exec_module`` returns (the
-module is fully executed and in ``sys.modules``) the hooks of that name run once, in registration order, and are
-dropped. A module that fails to import runs no hook. Every other attribute of the loader is the real loader's
-(``get_source``, resources), so ``inspect`` and ``importlib.resources`` see the usual loader.
+module is fully executed and in ``sys.modules``) the real loader goes back on the module's ``__loader__`` and
+``__spec__.loader`` (as wrapt's ``_self_set_loader`` does: the module then looks as if imported without us), and the
+hooks of that name run once, in registration order, and are dropped. A module that fails to import runs no hook. While
+it executes, every other attribute of the loader is the real loader's (``get_source``, resources).
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def cancel(hook: Hook) -> None:
             sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
 
 
-def pending() -> dict[str, int]:
-    """Module name -> number of hooks still waiting (tests, diagnostics)."""
+def waiting() -> dict[str, int]:
+    """Module name -> number of hooks still waiting for its import (tests, diagnostics)."""
     with _lock:
         return {name: len(hooks) for name, hooks in _hooks.items()}
 
@@ -76,13 +77,30 @@ class _HookedLoader(importlib.abc.Loader):
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
+        try:
+            self._loader.exec_module(module)
+        finally:
+            _restore_loader(module, self)
         with _lock:
             hooks = _hooks.pop(self._name, [])
             if not _hooks:
                 sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
         for hook in hooks:
             hook(module)  # an exception here fails the import (strict mode's stop); callers catch what they mean to
+
+
+def _restore_loader(module: ModuleType, hooked: _HookedLoader) -> None:
+    """Put the real loader back where the import system recorded ours."""
+    if getattr(module, "__loader__", None) is hooked:
+        module.__loader__ = hooked._loader
+    spec = getattr(module, "__spec__", None)
+    if spec is not None and spec.loader is hooked:
+        spec.loader = hooked._loader
+
+
+def finder_installed() -> bool:
+    """True while the post-import finder is on ``sys.meta_path`` (it leaves when no hook is waiting)."""
+    return any(isinstance(f, _PostImportFinder) for f in sys.meta_path)
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
