@@ -179,9 +179,14 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     backends = fuzz.backend_pair(args)
     try:
         data = simulate.simulate(
-            ranks or 0, args.rounds, args.seed, trace, progress=not args.json, unguarded=args.unguarded,
+            ranks or 0,
+            args.rounds,
+            args.seed,
+            trace,
+            progress=not args.json,
+            unguarded=args.unguarded,
             backends=backends,
-        )  # fmt: skip
+        )
     except RankError as exc:
         if backends is None:
             raise
@@ -189,8 +194,11 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         lines = str(exc).strip().splitlines()
         error = [i for i, line in enumerate(lines) if re.match(r"[\w.]+(Error|Exception)\b", line)]
         last = " ".join(line.strip() for line in lines[error[-1] if error else -1 :])
-        print(f"simulate: the ranks could not run --moe-a2a-backend {backends[0]} --speculative-moe-a2a-backend "
-              f"{backends[1]} on this SGLang: {last}", file=sys.stderr)  # fmt: skip
+        print(
+            f"simulate: the ranks could not run --moe-a2a-backend {backends[0]} --speculative-moe-a2a-backend "
+            f"{backends[1]} on this SGLang: {last}",
+            file=sys.stderr,
+        )
         return 1
     if args.json:
         print(json.dumps(data))

@@ -331,11 +331,17 @@ class Record:
             None if self.path is None else self.path & 3, "?"
         )
         return {
-            "round": self.round, "monotonic_ns": self.t_ns, "tokens": self.tokens, "forward_mode": self.mode,
-            "decode_vote_sent": bool(self.flags & SENT_GENERIC), "decode_vote_group": bool(self.flags & GROUP_GENERIC),
-            "draft_vote_sent": bool(self.flags & SENT_DRAFT), "draft_vote_group": bool(self.flags & GROUP_DRAFT),
-            "draft_path": path, "bucket": self.bucket if path == "graph" else None,
-        }  # fmt: skip
+            "round": self.round,
+            "monotonic_ns": self.t_ns,
+            "tokens": self.tokens,
+            "forward_mode": self.mode,
+            "decode_vote_sent": bool(self.flags & SENT_GENERIC),
+            "decode_vote_group": bool(self.flags & GROUP_GENERIC),
+            "draft_vote_sent": bool(self.flags & SENT_DRAFT),
+            "draft_vote_group": bool(self.flags & GROUP_DRAFT),
+            "draft_path": path,
+            "bucket": self.bucket if path == "graph" else None,
+        }
 
 
 @dataclass
@@ -512,13 +518,25 @@ def rollcall(targets: Sequence[str]) -> tuple[dict[str, Any], int]:
     data["size"] = tp_size
     data["missing_ranks"] = sorted(set(range(tp_size)) - {f.tp_rank for f in ranks})
     for f in ranks:
-        data["ranks"].append({
-            "rank": label(f), "dp_rank": f.dp_rank, "tp_rank": f.tp_rank, "global_rank": f.global_rank,
-            "file": f.path, "host": f.host, "pid": f.pid, "plugin_version": f.plugin_version,
-            "sglang_version": f.sglang_version, "started": f.start_unix, "last_round": f.last_round,
-            "entered_round": f.entered, "records": len(f.records), "skipped": f.skipped,
-            "decode_or_idle_records": sum(1 for r in f.records.values() if r.mode in _decode_or_idle_modes()),
-        })  # fmt: skip
+        data["ranks"].append(
+            {
+                "rank": label(f),
+                "dp_rank": f.dp_rank,
+                "tp_rank": f.tp_rank,
+                "global_rank": f.global_rank,
+                "file": f.path,
+                "host": f.host,
+                "pid": f.pid,
+                "plugin_version": f.plugin_version,
+                "sglang_version": f.sglang_version,
+                "started": f.start_unix,
+                "last_round": f.last_round,
+                "entered_round": f.entered,
+                "records": len(f.records),
+                "skipped": f.skipped,
+                "decode_or_idle_records": sum(1 for r in f.records.values() if r.mode in _decode_or_idle_modes()),
+            }
+        )
     # Compare round by round where every ring still holds data; a rank without a record of a round it passed had no
     # batch then (nothing to compare), a rank whose last round is earlier never reached it.
     lo = max((min(f.records) for f in ranks if f.records), default=1)
