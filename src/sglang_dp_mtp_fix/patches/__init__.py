@@ -1,15 +1,18 @@
 """The patch registry: one patch per file, applied in this order.
 
-| id                     | group          | seed bullet(s) of sgl-project/sglang#32209 |
-|------------------------|----------------|---------------------------------------------|
-| future_seed_authority  | dp_draft_vote  | 3 (overlap: the future flag is authoritative) |
-| eager_draft_gate       | dp_draft_vote  | 1, 2 (worker hook; PD-decode marking)       |
-| draft_graph_vote       | dp_draft_vote  | 4, 5, 6 (vote in the MLP sync; runner gate) |
-| draft_token_counts     | dp_draft_vote  | #32182 (the draft's own DP token counts; stacks on the vote's wrappers) |
-| draft_local_rows       | (own)          | 7 (eager draft rows sliced to the local count) |
-| dsa_idle_index         | (own)          | 8 (idle DP ranks skip eager DSA index selection) |
-| dsa_trtllm_trim        | (own)          | 9 (TRT-LLM DSA decode: trim to the planned batch, zero-pad back) |
-| dsa_decode_trim        | (own)          | 9, for every other DSA decode backend (not in the PR; issue 27) |
+"#32209 bullet N" is the Nth bullet of sgl-project/sglang#32209's description; docs/how-it-works.md ("The patches")
+says what each patch does.
+
+| id                    | group         | carries                                                           |
+|-----------------------|---------------|-------------------------------------------------------------------|
+| future_seed_authority | dp_draft_vote | #32209 bullet 3: under overlap the future flag is authoritative   |
+| eager_draft_gate      | dp_draft_vote | #32209 bullets 1, 2: the worker hook; PD-decode marking           |
+| draft_graph_vote      | dp_draft_vote | #32209 bullets 4, 5, 6: the vote in the MLP sync; the runner gate |
+| draft_token_counts    | dp_draft_vote | #32182 as upstream #32196: the draft's own DP token counts        |
+| draft_local_rows      | (own)         | #32209 bullet 7: eager draft rows sliced to the local count       |
+| dsa_idle_index        | (own)         | #32209 bullet 8: idle DP ranks skip eager DSA index selection     |
+| dsa_trtllm_trim       | (own)         | #32209 bullet 9: TRT-LLM DSA decode trimmed to the planned batch  |
+| dsa_decode_trim       | (own)         | bullet 9 for every other DSA decode backend (not in #32209)       |
 """
 
 from __future__ import annotations
@@ -27,9 +30,15 @@ from sglang_dp_mtp_fix.patches.future_seed_authority import FutureSeedAuthority
 
 def all_patches() -> list[Patch]:
     return [
-        FutureSeedAuthority(), EagerDraftGate(), DraftGraphVote(), DraftTokenCounts(), DraftLocalRows(), DsaIdleIndex(),
-        DsaTrtllmTrim(), DsaDecodeTrim(),
-    ]  # fmt: skip
+        FutureSeedAuthority(),
+        EagerDraftGate(),
+        DraftGraphVote(),
+        DraftTokenCounts(),
+        DraftLocalRows(),
+        DsaIdleIndex(),
+        DsaTrtllmTrim(),
+        DsaDecodeTrim(),
+    ]
 
 
 PATCH_IDS = tuple(p.id for p in all_patches())

@@ -7,8 +7,8 @@ graph, a seedless PD-decode round then sends one rank eager and its peers throug
 The plugin cannot vote without a gather and must not add a collective, so it names the hazard instead.
 
 A draft MoE a2a backend whose MLP-gather answer differs from the target's is fixed by ``draft_token_counts``; where
-that patch is not applied it is refused (``CHECKS``): ``auto`` puts the draft-vote group back to stock on that
-scheduler, ``strict`` stops.
+that patch is not applied, the configuration stands the draft-vote group down (``CHECKS``): ``auto`` puts the group
+back to stock on that scheduler, ``strict`` stops.
 
 Read from what the scheduler really uses: SGLang's own ``envs.SGLANG_SCHEDULER_SKIP_ALL_GATHER`` (which the DWDP
 set-up also sets in-process), the scheduler's ``server_args`` and its spec worker as built.
@@ -100,10 +100,11 @@ def draft_token_counts_hazard(scheduler: Any) -> str | None:
     )
 
 
-# (check, the patch whose group it refuses in auto or None: a warning only, the patch that removes the hazard when
-# applied or None). The skip-all-gather hole is a warning: the vote group still keeps every seeded round consistent
-# there, and upstream 0.5.21 has the same hole. Differing draft MoE a2a backends are fixed by draft_token_counts;
-# only where that patch is not applied is the configuration refused (the draft vote would be sized wrongly).
+# (check, the patch whose group the hazard stands down in auto (None: a warning only), the patch that removes the
+# hazard when applied or None). The skip-all-gather hole is a warning: the vote group still keeps every seeded round
+# consistent there, and upstream 0.5.21 has the same hole. Differing draft MoE a2a backends are fixed by
+# draft_token_counts; only where that patch is not applied does the hazard stand the group down (the draft vote
+# would be sized wrongly).
 CHECKS: tuple[tuple[Callable[[Any], str | None], str | None, str | None], ...] = (
     (skip_all_gather_hazard, None, None),
     (draft_token_counts_hazard, "draft_graph_vote", "draft_token_counts"),

@@ -2,33 +2,17 @@
 
 Why:      Every DP rank must take the same draft path (CUDA graph vs eager), because the two paths issue different
           collectives. Folding the seedless fallback into the generic decode-graph vote would keep ranks consistent
-          but cost target-verify and draft-extend their graphs (~9.7 % of decode batches in #32209's workload), so
-          the draft vote is separate (#32209, first and fifth failure modes).
-How:      No additional collective, and no change to the gathered tensor's shape. The decode-graph column (index 2)
-          of the MLP-sync row carries the draft vote in its value:
-              0 = decode graph no;  1 = decode graph yes, sent by a rank WITHOUT this plugin;
-              2 = decode graph yes, draft graph no;  3 = decode graph yes, draft graph yes.
-          SGLang's own reading ``bool(column.min())`` is unchanged by this encoding (2 and 3 are truthy), so the
-          generic vote, its consumers and the row width stay stock on every release (including 0.5.15.post1's
-          hard-coded width 7). A gathered ``1`` means a rank runs without the plugin: the sync raises a clear error
-          naming the ranks instead of letting them split later. Wrappers (five on the sync path, one scope):
-            * ``SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch`` opens the round: eager_draft_gate's PD-decode
-              marking, then the rank's vote ``not batch.force_disable_draft_cuda_graph`` (no batch, idle and
-              prebuilt batches vote yes) in a context variable; ``prepare_mlp_sync_batch_raw`` is reached only
-              through it (``SchedulerDPAttnAdapter.prepare_mlp_sync_batch``, fingerprinted);
-            * ``MLPSyncBatchInfo._get_local_tensor`` / ``_get_fallback_tensor``: encode (inactive ranks vote yes);
-            * ``_update_gather_batch``: decode the gathered rows SGLang's ``all_gather`` left on the info (min over
-              every rank), check the group, and set ``batch.can_run_dp_draft_cuda_graph`` (the local vote when
-              nothing was gathered or there is one DP rank: ``SGLANG_SCHEDULER_SKIP_ALL_GATHER``, ``finalize_local``);
-            * ``ForwardBatch.init_new``: carries the flag to the forward batch;
-            * ``EAGLEDraftCudaGraphRunner.can_run_graph``: False when the runner needs MLP sync and the vote is no.
-          Class defaults ``can_run_dp_draft_cuda_graph = True`` keep graphs for batches that never synced.
-          Target-verify and draft-extend graph decisions are untouched.
-          Premises, fingerprinted as CHECK targets: ``MLPSyncBatchInfo.all_gather`` builds the rows from the two
-          encoded tensors and leaves them on the info; ``Scheduler.run_batch`` hands the ScheduleBatch itself to the
-          worker; ``prepare_for_draft`` (``base_spec_worker`` in 0.5.15.post1, ``eagle_worker_common`` from 0.5.16)
-          builds the draft ForwardBatch with ``ForwardBatch.init_new(batch)`` and calls ``can_run_graph`` on it.
-Releases: 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (column ``can_run_draft_cuda_graph``, upstream #32196).
+          but cost target-verify and draft-extend their graphs (docs/how-it-works.md, "The bug"), so the draft vote
+          is separate (#32209, first and fifth failure modes).
+How:      No added collective and no change to the gathered row's shape: the decode-graph column carries the draft
+          vote in its value (wire format at ``DECODE_COLUMN``). Six wrappers; ``SYNC_ENTRY`` opens the round
+          (eager_draft_gate's PD-decode marking, then the rank's vote in a context variable); ``LOCAL_ROW`` and
+          ``FALLBACK_ROW`` encode; ``UPDATE_BATCH`` decodes the gathered column (min over every rank, the local vote
+          when nothing was gathered) into ``batch.can_run_dp_draft_cuda_graph``; ``FORWARD_INIT`` carries it to the
+          forward batch; ``RUNNER_GATE`` refuses the draft graph when the runner needs MLP sync and the group voted
+          no. A rank without the plugin raises ``MixedDeploymentError``. Target-verify and draft-extend are untouched.
+Releases: applied on 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (column ``can_run_draft_cuda_graph``, upstream
+          #32196).
 Removable when: the oldest supported release carries upstream #32196 (0.5.21), or #32209 lands.
 """
 
@@ -54,18 +38,23 @@ SCHEDULER = "sglang.srt.managers.scheduler"
 VOTE_ATTR = "can_run_dp_draft_cuda_graph"
 FORCE_EAGER_ATTR = "force_disable_draft_cuda_graph"
 
-# Wire format of the decode-graph column of the MLP-sync row (see module docstring).
+# Wire format of the decode-graph column of the MLP-sync row. SGLang reads the column only as bool(column.min()), which
+# this encoding leaves as it was (2 and 3 are truthy): the generic vote, its consumers and the row width (hard-coded 7
+# on 0.5.15.post1) stay stock. A gathered STOCK_DECODE_YES names a rank without the plugin: the sync stops the group
+# with a clear error instead of letting the ranks split later.
 DECODE_COLUMN = 2
 DECODE_NO = 0
-STOCK_DECODE_YES = 1
+STOCK_DECODE_YES = 1  # decode graph yes, sent by a rank WITHOUT this plugin
 DECODE_YES_DRAFT_NO = 2
-DECODE_YES_DRAFT_YES = 3
+DECODE_YES_DRAFT_YES = 3  # also every inactive rank's vote
 
 SYNC_ENTRY = Target(DP_ATTN, "SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch")
 LOCAL_ROW = Target(DP_ATTN, "MLPSyncBatchInfo._get_local_tensor")
 FALLBACK_ROW = Target(DP_ATTN, "MLPSyncBatchInfo._get_fallback_tensor")
 # Premises of the one-scope round (fingerprinted, never changed): the sync entry is the only way to the raw sync,
 # which calls all_gather (rows built from the two encoded tensors, left on the info) and then _update_gather_batch.
+# Where nothing is gathered (one DP rank, SGLANG_SCHEDULER_SKIP_ALL_GATHER) finalize_local, where present, builds the
+# info from this rank's own row, so the local vote stands.
 SYNC_METHOD = Target(DP_ATTN, "SchedulerDPAttnAdapter.prepare_mlp_sync_batch", Kind.CHECK)
 SYNC_RAW = Target(DP_ATTN, "prepare_mlp_sync_batch_raw", Kind.CHECK)
 GATHER = Target(DP_ATTN, "MLPSyncBatchInfo.all_gather", Kind.CHECK)
@@ -73,6 +62,7 @@ FINALIZE_LOCAL = Target(DP_ATTN, "MLPSyncBatchInfo.finalize_local", Kind.CHECK, 
 UPDATE_BATCH = Target(DP_ATTN, "_update_gather_batch")
 FORWARD_INIT = Target(FORWARD_BATCH, "ForwardBatch.init_new")
 RUNNER_GATE = Target(DRAFT_RUNNER, "EAGLEDraftCudaGraphRunner.can_run_graph")
+# Class defaults True (here and FB_DEFAULT): batches that never synced keep their draft graphs.
 SB_DEFAULT = Target(SCHEDULE_BATCH, "ScheduleBatch", Kind.ADD, attr=VOTE_ATTR, fingerprinted=False)
 # Premises (fingerprinted, never changed): the vote reaches the runner only because run_batch hands the ScheduleBatch
 # itself to the worker, and prepare_for_draft builds the draft ForwardBatch with ForwardBatch.init_new(batch) and
@@ -157,7 +147,7 @@ class DraftGraphVote(Patch):
     def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
         info_cls = resolved[LOCAL_ROW].owner
         fields = getattr(info_cls, "__dataclass_fields__", {})
-        # Field names differ per release (version-matrix §E): decode vote and gathered tensor.
+        # The decode vote's and the gathered tensor's field names differ per release: read whichever this one has.
         decode_field = "can_run_decode_cuda_graph" if "can_run_decode_cuda_graph" in fields else "can_cuda_graph"
         gathered_field = "tp0_info_cpu" if "tp0_info_cpu" in fields else "tp0_info"
 

@@ -1,33 +1,20 @@
 """draft_local_rows — eager EAGLE draft steps hand post-processing only the rank's own draft-token rows.
 
-Why:      Under DP attention an eager draft step runs through ``ModelRunner``'s MLP-sync padding: the
-          ``ForwardBatch`` is padded to the DP group's row count (``prepare_mlp_sync_batch``) and trimmed back after the
-          forward (``post_forward_mlp_sync_batch``). The trim of a draft batch follows its forward mode: DECODE trims
-          positions, logits and hidden states to the rows of the hidden states that went in, but IDLE trims logits and
-          hidden states to the batch size (0) and leaves ``positions`` padded. Up to 0.5.18 an idle DP rank runs the
-          full eager draft loop, so on CUDA ``draft_topk1_postprocess`` receives 0 logit rows with N padded position
-          rows and fails ``assert positions.shape[0] == next_token_logits.shape[0]``. Once the group agrees on eager
-          (``draft_graph_vote``), every idle rank reaches this on a seedless round (#32209, third failure mode).
-How:      Two wrappers on ``ForwardBatch``, which is what ``EagleDraftWorker.draft_forward`` gets back from
-          ``self.draft_runner.forward(forward_batch)``: the PR's slice, placed at the end of that forward and not in a
-          copy of ``draft_forward``:
-            * ``prepare_mlp_sync_batch``: for an EAGLE draft-input DECODE/IDLE batch, remember the local draft-token
-              rows ``input_ids.shape[0]`` (the PR's ``num_local_tokens``) before SGLang pads them;
-            * ``post_forward_mlp_sync_batch``: after SGLang's own trim, slice ``logits_output.next_token_logits``,
-              ``logits_output.hidden_states`` and ``self.positions`` to that count (prefix views: no copy, no device
-              sync), and forget it. A tensor with fewer rows raises the PR's ``RuntimeError`` naming it.
-          The record lives on the ForwardBatch object and is replaced by every ``prepare`` and consumed by the
-          matching ``post_forward``, so a ForwardBatch reused across draft steps never reads a previous step's count.
-          Target-verify and draft-extend batches (other spec-input types / modes) are not recorded, so not touched.
-          CUDA-graph replay and capture never call ``prepare_mlp_sync_batch`` (no ``global_num_tokens_cpu``): no-op.
-          Applied from a post-import hook when ``model_runner`` is imported (``Patch.deferred_until_import``): its
-          premises live there, and a scheduler imports it only after ``load_plugins()``, when it builds its
-          ``ModelRunner`` (before any forward). Checking them at load imported ``model_runner`` inside
-          ``load_plugins()`` (~23 ms of a 53 ms warm activation on 0.5.17) and in processes that never run a model
-          (the launcher). ``not-loaded`` until then; everything the hook resolves besides ``model_runner`` is already
-          imported by then (``forward_batch_info`` by ``model_runner``; ``eagle_worker_v2`` is in ``sys.modules`` after
-          load, seen on 0.5.17 with the vote group applied and skipped).
-Releases: applied on 0.5.16 – 0.5.18 (``draft_topk1_postprocess`` + idle ranks in the full eager loop).
+Why:      Under DP attention an eager draft step is padded to the DP group's row count and trimmed back after the
+          forward, and the trim follows the forward mode: DECODE trims positions, logits and hidden states to the
+          rows that went in, but IDLE trims logits and hidden states to 0 rows and leaves ``positions`` padded. Once
+          the group agrees on eager (``draft_graph_vote``), an idle rank in the full eager draft loop hands
+          ``draft_topk1_postprocess`` 0 logit rows with N position rows and fails ``assert positions.shape[0] ==
+          next_token_logits.shape[0]`` (#32209, third failure mode).
+How:      The PR's slice, placed at the end of the draft runner's forward instead of in a copy of ``draft_forward``:
+          ``ForwardBatch.prepare_mlp_sync_batch`` records an EAGLE draft DECODE/IDLE batch's own rows
+          (``input_ids.shape[0]``, the PR's ``num_local_tokens``) before SGLang pads them, and
+          ``post_forward_mlp_sync_batch``, after SGLang's trim, slices ``next_token_logits``, ``hidden_states`` and
+          ``positions`` to that count (prefix views: no copy, no device sync) and forgets it. Other batches are not
+          recorded, so not touched; CUDA-graph capture and replay never call ``prepare_mlp_sync_batch``. Applied
+          when ``model_runner`` is imported (``deferred_until_import``), where its premises live: checking them at
+          load would import it in every process, the launcher's included.
+Releases: applied on 0.5.16 – 0.5.18 (``draft_topk1_postprocess``, and idle ranks run the full eager draft loop).
           Not affected: 0.5.14 – 0.5.15.post1 (``torch.argmax`` + ``positions.add_(1)``: nothing needs the row counts
           to agree) and 0.5.19+ (idle ranks go through ``EagleDraftWorker._draft_forward_idle``, which never
           post-processes; on active ranks SGLang's DECODE trim already leaves exactly the local rows).
@@ -52,8 +39,9 @@ SPEC_INFO = "sglang.srt.speculative.spec_info"
 
 PREPARE = Target(FORWARD_BATCH, "ForwardBatch.prepare_mlp_sync_batch")
 POST_FORWARD = Target(FORWARD_BATCH, "ForwardBatch.post_forward_mlp_sync_batch")
-# The premise of the seam, fingerprinted: the padding (hidden_states_backup), the eager forward that calls prepare
-# then post_forward around the model, and the consumer of the rows.
+# Premises (fingerprinted, never changed): the padding (hidden_states_backup), the eager forward that calls prepare
+# then post_forward around the model, and the consumer of the rows (draft_forward post-processes what
+# draft_runner.forward returns, so the slice at the end of that forward reaches it).
 PAD_INPUTS = Target(FORWARD_BATCH, "ForwardBatch._pad_inputs_to_size", Kind.CHECK)
 EAGER_PREPARE = Target(MODEL_RUNNER, "ModelRunner._prepare_eager_forward_batch", Kind.CHECK)
 EAGER_FORWARD = Target(MODEL_RUNNER, "ModelRunner._forward_raw", Kind.CHECK)
@@ -142,6 +130,8 @@ class DraftLocalRows(Patch):
     summary = "eager EAGLE draft: logits, hidden states and positions sliced to the rank's local draft-token rows"
     requires = ()
     targets = (PREPARE, POST_FORWARD, PAD_INPUTS, EAGER_PREPARE, EAGER_FORWARD, DRAFT_FORWARD)
+    # In time: a scheduler imports model_runner after load_plugins() and before any forward. Enough: the other
+    # modules the hook resolves are imported by then (forward_batch_info by model_runner, eagle_worker_v2 at load).
     deferred_until_import = MODEL_RUNNER  # "not-loaded" until the scheduler imports it to build its ModelRunner
 
     def classify(self) -> None:

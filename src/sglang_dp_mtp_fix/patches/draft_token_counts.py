@@ -8,14 +8,14 @@ Why:      ``--speculative-moe-a2a-backend`` can answer SGLang's ``require_mlp_tp
           on a path the counts have already split.
 How:      No collective: the MLP-sync gather already holds every rank's counts. Two seams, as upstream #32196:
             * ``_update_gather_batch`` (on top of draft_graph_vote's wrapper): when the draft's answer differs from
-              the target's, keep the draft's counts on the batch: the gathered lists when the draft gathers,
-              ``[local]`` when it does not (``draft_global_num_tokens(_for_logprob)``, upstream's names);
-            * ``ForwardBatch.init_new`` for a draft model runner (``model_runner.is_draft_worker``; draft decode,
-              draft extend and idle): SGLang's own count handling reads those lists, lent to the batch for the
-              call and restored exactly afterwards. Target verify and the target forward are untouched.
-          The draft's answer is SGLang's ``require_mlp_tp_gather`` inside ``speculative_moe_a2a_backend_context()``,
-          what the draft runner computes, read once at scheduler start (unreadable: the group stays stock).
-Releases: 0.5.15.post1 – 0.5.20 (group dp_draft_vote: it stacks on the vote's two wrappers). Superseded from 0.5.21.
+              the target's, keep the draft's counts on the batch (``draft_global_num_tokens(_for_logprob)``,
+              upstream's names): the gathered lists when the draft gathers, ``[local]`` when it does not;
+            * ``ForwardBatch.init_new`` for a draft model runner (``is_draft_worker``: draft decode, extend, idle):
+              the lists are lent to the batch for the call, restored exactly after; SGLang's own code reads them.
+          Target verify and the target forward are untouched. The draft's answer is read once at scheduler start
+          (unreadable: the group stays stock).
+Releases: applied on 0.5.15.post1 – 0.5.20 (group dp_draft_vote: it stacks on the vote's two wrappers). Superseded
+          from 0.5.21.
 Removable when: the oldest supported release carries upstream #32196 (0.5.21).
 """
 
@@ -37,7 +37,8 @@ SB_COUNTS_FOR_LOGPROB = Target(
     SCHEDULE_BATCH, "ScheduleBatch", Kind.ADD, attr=DRAFT_COUNTS_FOR_LOGPROB, fingerprinted=False
 )
 # Premises (fingerprinted, never changed): the draft runner's answer is require_mlp_tp_gather inside the
-# speculative backend context; the sync hands _update_gather_batch the target's answer as ``require_mlp_tp_gather``.
+# speculative backend context; the raw sync (SYNC_RAW, shared with draft_graph_vote) hands _update_gather_batch the
+# target's answer as ``require_mlp_tp_gather``.
 GATHER_ANSWER = Target("sglang.srt.utils.common", "require_mlp_tp_gather", Kind.CHECK)
 DRAFT_CONTEXT = Target("sglang.srt.layers.moe.utils", "speculative_moe_a2a_backend_context", Kind.CHECK)
 # 0.5.20 reads the counts in this method, called by init_new; earlier releases read them inline in init_new.

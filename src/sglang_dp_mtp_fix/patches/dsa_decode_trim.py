@@ -1,23 +1,21 @@
 """dsa_decode_trim — every non-TRT-LLM DSA decode backend attends only the real rows the planned metadata describes.
 
-Why:      Once DP ranks agree to run a step eagerly, the eager DP MLP-sync padding (MAX_LEN) gives an active rank more
-          query / top-k rows than the DSA decode metadata planned before padding (one row per real request). The
-          TRT-LLM route is trimmed by ``dsa_trtllm_trim``; every other ``--dsa-decode-backend`` (FlashMLA sparse/KV,
-          FA3, FlashInfer sparse MLA, TileLang, Triton, aiter) runs ``forward_decode``'s shared prologue first, whose
-          non-fused page-table transform asserts ``page_table.shape[0] == topk_indices.shape[0]``; with fused top-k
-          FlashMLA-KV, FA3 and FlashInfer get a query batch larger than their planned ``seq_lens``/``cu_seqlens_q``
-          (a kernel shape check). A crash on one rank while its peers wait in the next MLP/EP collective.
-How:      Deferred until ``dsa_backend`` is imported. An around-wrapper on ``DeepseekSparseAttnBackend.forward_decode``
-          (arguments in, output out; its body and every ``_forward_*`` stay SGLang's): the first seam before the
-          failing prologue. When the query has more rows than the planned metadata (``cache_seqlens_int32``) it
-          passes the first ``real`` rows of ``q``, ``k``, ``v``, ``q_rope``, ``k_rope``, ``topk_indices`` and, for
-          the call only, of ``forward_batch.out_cache_loc`` (KV save) and ``batch_size`` (aiter), then zero-pads
-          the output to the physical rows. Stock call: TRT-LLM routes (0.5.20's kpool resolver asked too;
-          ``dsa_trtllm_trim``'s seam), HiSparse (its coordinator reads padded request rows), zero real rows (idle
-          ranks never get here: ``AttentionBackend.forward`` returns early for IDLE), unpadded calls (graphs,
-          non-DP). No host sync: row counts are shapes, slices are views.
-Releases: 0.5.15.post1 – 0.5.20 (three ``forward_decode`` bodies: 0.5.15.post1/0.5.16, 0.5.17–0.5.19, 0.5.20).
-          Not trimmed upstream in 0.5.21–0.5.23 either (only ``_forward_trtllm`` is); the plugin stands down there.
+Why:      The eager DP padding that ``dsa_trtllm_trim`` trims for TRT-LLM breaks every other ``--dsa-decode-backend``
+          too (FlashMLA sparse/KV, FA3, FlashInfer sparse MLA, TileLang, Triton, aiter): ``forward_decode``'s shared
+          prologue asserts ``page_table.shape[0] == topk_indices.shape[0]`` with non-fused top-k, and with fused
+          top-k FlashMLA-KV, FA3 and FlashInfer get a query batch larger than their planned ``seq_lens`` /
+          ``cu_seqlens_q`` (a kernel shape check). A crash on one rank while its peers wait in the next collective.
+How:      An around-wrapper on ``DeepseekSparseAttnBackend.forward_decode``, the first seam before the failing
+          prologue (its body and every ``_forward_*`` stay SGLang's). When the query has more rows than the planned
+          metadata (``cache_seqlens_int32``) it passes the first ``real`` rows of ``q``, ``k``, ``v``, ``q_rope``,
+          ``k_rope``, ``topk_indices`` and, for the call only, of ``forward_batch.out_cache_loc`` (KV save) and
+          ``batch_size`` (aiter), then zero-pads the output to the physical rows. TRT-LLM routes
+          (``dsa_trtllm_trim``'s seam), HiSparse (its coordinator reads padded request rows) and unpadded calls are
+          the stock call. No host sync: row counts are shapes, slices are views. Applied when ``dsa_backend`` is
+          imported (``deferred_until_import``).
+Releases: applied on 0.5.15.post1 – 0.5.20 (three ``forward_decode`` bodies: 0.5.15.post1/0.5.16, 0.5.17–0.5.19,
+          0.5.20). Not trimmed upstream in 0.5.21–0.5.23 either (only ``_forward_trtllm`` is); the plugin stands down
+          there.
 Removable when: the oldest supported release trims padded decode rows for every DSA decode backend upstream.
 """
 
@@ -73,19 +71,30 @@ def make_forward_decode(original: Any) -> Any:
             or getattr(self, "hisparse_coordinator", None) is not None
             or decode_impl(self, topk_indices) == TRTLLM
         ):
-            # Unpadded (graph capture/replay, non-DP), TRT-LLM (dsa_trtllm_trim), HiSparse: the stock call.
-            return original(self, q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, topk_indices,
-                            *args, **kwargs)  # fmt: skip
+            # The stock call: unpadded (graph capture/replay, non-DP), TRT-LLM (dsa_trtllm_trim), HiSparse, and zero
+            # real rows (idle ranks never get here: AttentionBackend.forward returns early for IDLE).
+            return original(
+                self, q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, topk_indices, *args, **kwargs
+            )
         out_cache_loc, batch_size = forward_batch.out_cache_loc, forward_batch.batch_size
         forward_batch.out_cache_loc = leading_rows(out_cache_loc, real)
         if isinstance(batch_size, int) and batch_size > real:
             forward_batch.batch_size = real
         try:
             out = original(
-                self, leading_rows(q, real), leading_rows(k, real), leading_rows(v, real), layer, forward_batch,
-                save_kv_cache, leading_rows(q_rope, real), leading_rows(k_rope, real),
-                leading_rows(topk_indices, real), *args, **kwargs,
-            )  # fmt: skip
+                self,
+                leading_rows(q, real),
+                leading_rows(k, real),
+                leading_rows(v, real),
+                layer,
+                forward_batch,
+                save_kv_cache,
+                leading_rows(q_rope, real),
+                leading_rows(k_rope, real),
+                leading_rows(topk_indices, real),
+                *args,
+                **kwargs,
+            )
         finally:
             forward_batch.out_cache_loc, forward_batch.batch_size = out_cache_loc, batch_size
         return zero_pad_rows(out, physical)

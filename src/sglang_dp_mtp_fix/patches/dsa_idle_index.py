@@ -5,26 +5,18 @@ Why:      Once the DP group agrees to run a step eagerly, idle DP ranks run the 
           empty batches (``forward_batch.seq_lens.numel() == 0``) is not taken: the rank projects and quantizes the
           padded rows, writes them into the index-K cache and enters paged index selection (``_get_topk_paged``)
           with metadata planned for zero real rows (#32209, fourth failure mode; AMD symptom #34455).
-How:      Applied from a post-import hook when ``dsa_indexer`` is imported (``Patch.deferred_until_import``): loading
-          the plugin never imports the DSA modules; the status is ``not-loaded`` until SGLang imports them (its
-          model registry does in every scheduler that loads a model). A wrapper around ``Indexer.forward_cuda``
-          (arguments in, result out): when the module's ``_is_cuda`` is set,
-          the batch is IDLE and ``get_is_capture_mode()`` is False, it returns ``(rows, index_topk)`` int32 rows of
-          -1 at the physical (padded) row count of ``x`` — ``None`` when ``return_indices`` is False — passed
-          through SGLang's own ``_broadcast_indexer_topk_from_rank0`` and ``maybe_capture_indexer_topk``, as every
-          stock return of a top-k result does. Anything else calls the original unchanged. The flags are read at
-          call time from the ``dsa_indexer`` module, like the upstream early return (0.5.21); HIP/XPU/NPU paths
-          (``_is_cuda`` False) stay stock. Graph safety: the decision reads Python flags and the forward mode
-          only (no tensor data, no host sync); the result's shape comes from ``x.shape``; CUDA-graph capture
-          and breakable graphs (``get_is_capture_mode()``) never take the short-circuit; no logging or context
-          variables, so Dynamo traces of piecewise prefill graphs see plain code.
-          Collectives: the attention-TP peers of a DP rank share its batch, so they all take the same decision
-          and each issues the one ``_broadcast_indexer_topk_from_rank0`` that every stock top-k return issues
-          (no new collective, nothing issued by other DP ranks changes).
-Releases: 0.5.15.post1 – 0.5.20 (three ``forward_cuda`` bodies: 0.5.15.post1, 0.5.16, 0.5.17 – 0.5.19, 0.5.20).
-          Superseded from 0.5.21 (``dsa_indexer._make_eager_idle_topk_result``). Not affected on 0.5.14/0.5.15
-          (no seedless eager fallback, so no rank-consistent eager draft step sends idle ranks through it).
-Removable when: the oldest supported release is 0.5.21.
+How:      A wrapper around ``Indexer.forward_cuda`` (arguments in, result out): on a CUDA rank running an IDLE batch
+          eagerly (``is_eager_idle_rank``) it returns int32 rows of -1 at ``x``'s physical (padded) row count, or
+          None when ``return_indices`` is False, through SGLang's own top-k broadcast and capture helpers, as every
+          stock top-k return does; anything else is the original call. Graph-safe: it decides from Python flags and
+          the forward mode only, takes the shape from ``x.shape``, never short-circuits under capture or breakable
+          graphs, and has no logging or context variables for Dynamo to meet. The attention-TP peers of a DP rank
+          share its batch, so they decide alike and issue the same one broadcast: no new collective. Applied when
+          ``dsa_indexer`` is imported (``deferred_until_import``).
+Releases: applied on 0.5.15.post1 – 0.5.20 (four ``forward_cuda`` bodies: 0.5.15.post1, 0.5.16, 0.5.17 – 0.5.19,
+          0.5.20). Superseded from 0.5.21 (``dsa_indexer._make_eager_idle_topk_result``). Not affected on
+          0.5.14/0.5.15 (no seedless eager fallback, so no rank-consistent eager draft step sends idle ranks here).
+Removable when: the oldest supported release has upstream's ``_make_eager_idle_topk_result`` (0.5.21).
 """
 
 from __future__ import annotations
@@ -47,13 +39,14 @@ CAPTURE_MODE = "sglang.srt.model_executor.runner_utils.capture_mode"
 UPSTREAM_HELPER = "_make_eager_idle_topk_result"
 
 FORWARD_CUDA = Target(DSA_INDEXER, "Indexer.forward_cuda")
-# Called by name from the wrapper (through the dsa_indexer module, as stock forward_cuda does): their behaviour is
-# part of what the patch relies on.
+# Premises (fingerprinted, never changed): the wrapper calls these by name through the dsa_indexer module, as every
+# stock top-k return of forward_cuda does, and relies on what they do.
 BROADCAST = Target(DSA_INDEXER, "_broadcast_indexer_topk_from_rank0", Kind.CHECK)
 CAPTURE_TOPK = Target(CAPTURER, "maybe_capture_indexer_topk", Kind.CHECK)
 IS_CAPTURE_MODE = Target(CAPTURE_MODE, "get_is_capture_mode", Kind.CHECK)
 
-# Module globals of dsa_indexer the wrapper reads at call time.
+# Module globals of dsa_indexer the wrapper reads at call time, as upstream's early return (0.5.21) does: HIP, XPU and
+# NPU ranks (_is_cuda False) stay stock.
 MODULE_NAMES = ("_is_cuda", "get_is_capture_mode", "_broadcast_indexer_topk_from_rank0", "maybe_capture_indexer_topk")
 
 

@@ -6,21 +6,16 @@ Why:      Once DP ranks agree to run a step eagerly, the eager DP MLP-sync paddi
           row assertion (non-fused top-k) or hands the TRT-LLM kernel a query batch larger than its ``seq_lens``
           (fused top-k, the PD-decode branch from 0.5.18): an assertion, or an out-of-bounds read on the GPU, on
           one rank while its peers wait in the next MLP/EP collective (#32209, fourth failure mode).
-How:      Applied from a post-import hook when ``dsa_backend`` is imported (``Patch.deferred_until_import``): loading
-          the plugin never imports it (``not-loaded`` until SGLang does). An around-wrapper on
-          ``DeepseekSparseAttnBackend._forward_trtllm`` (arguments in, output out; the body is
-          SGLang's, untouched). For a decode call whose query has more rows than the planned metadata it passes the
-          first ``real`` rows of the row-aligned inputs (``q``, ``k``, ``v``, ``q_rope``, ``k_rope``,
-          ``topk_indices``) and, for the duration of the call, of ``forward_batch.positions`` (FP8 RoPE) and
-          ``forward_batch.out_cache_loc`` (KV save), then zero-pads the output back to the physical DP row count
-          before the MLP/EP collectives see it. Padding rows are therefore never attended, never written to the KV
-          cache (their slot is the dummy slot), and come out exactly zero. The PR trims at the same point of the
-          data flow (``q_all``/top-k just before the page-table transform); trimming the inputs instead reaches
-          that point without copying the body. With no padding (CUDA-graph capture and replay: the metadata is
-          planned for the graph's batch) the wrapper calls the original with the original arguments. No
-          host synchronisation: the row counts are tensor shapes; slices are views.
-Releases: 0.5.15.post1 – 0.5.20 (three bodies of ``_forward_trtllm``; both top-k branches). Superseded from 0.5.21
-          (``_trim_trtllm_decode_dp_padding`` / ``_restore_trtllm_decode_dp_padding`` upstream).
+How:      An around-wrapper on ``DeepseekSparseAttnBackend._forward_trtllm`` (the body stays SGLang's). For a decode
+          call whose query has more rows than the planned metadata it passes the first ``real`` rows of the
+          row-aligned inputs and, for the call only, of ``forward_batch.positions`` (FP8 RoPE) and ``out_cache_loc``
+          (KV save), then zero-pads the output back to the physical DP row count before the MLP/EP collectives:
+          padding rows are never attended nor written to the KV cache, and come out exactly zero. The PR trims the
+          same data (``q_all``/top-k before the page-table transform); trimming the inputs needs no copy of the body.
+          Unpadded calls (CUDA graphs) are the stock call. No host sync: row counts are shapes, slices are views.
+          Applied when ``dsa_backend`` is imported (``deferred_until_import``).
+Releases: applied on 0.5.15.post1 – 0.5.20 (three bodies of ``_forward_trtllm``; both top-k branches). Superseded
+          from 0.5.21 (``_trim_trtllm_decode_dp_padding`` / ``_restore_trtllm_decode_dp_padding`` upstream).
 Removable when: the oldest supported release is 0.5.21 (upstream #32196 as merged), or #32209 lands.
 """
 
@@ -84,20 +79,43 @@ def make_forward_trtllm(original: Any) -> Any:
         if real is None or real >= physical:
             # No DP padding (graph capture/replay, non-DP, prefill): exactly the stock call.
             return original(
-                self, q, k, v, layer, forward_batch, seq_lens, save_kv_cache=save_kv_cache, q_rope=q_rope,
-                k_rope=k_rope, topk_indices=topk_indices, cos_sin_cache=cos_sin_cache, is_neox=is_neox,
-                llama_4_scaling=llama_4_scaling, is_prefill=is_prefill,
-            )  # fmt: skip
+                self,
+                q,
+                k,
+                v,
+                layer,
+                forward_batch,
+                seq_lens,
+                save_kv_cache=save_kv_cache,
+                q_rope=q_rope,
+                k_rope=k_rope,
+                topk_indices=topk_indices,
+                cos_sin_cache=cos_sin_cache,
+                is_neox=is_neox,
+                llama_4_scaling=llama_4_scaling,
+                is_prefill=is_prefill,
+            )
         positions, out_cache_loc = forward_batch.positions, forward_batch.out_cache_loc
         forward_batch.positions = leading_rows(positions, real)
         forward_batch.out_cache_loc = leading_rows(out_cache_loc, real)
         try:
             out = original(
-                self, leading_rows(q, real), leading_rows(k, real), leading_rows(v, real), layer, forward_batch,
-                leading_rows(seq_lens, real), save_kv_cache=save_kv_cache, q_rope=leading_rows(q_rope, real),
-                k_rope=leading_rows(k_rope, real), topk_indices=leading_rows(topk_indices, real),
-                cos_sin_cache=cos_sin_cache, is_neox=is_neox, llama_4_scaling=llama_4_scaling, is_prefill=is_prefill,
-            )  # fmt: skip
+                self,
+                leading_rows(q, real),
+                leading_rows(k, real),
+                leading_rows(v, real),
+                layer,
+                forward_batch,
+                leading_rows(seq_lens, real),
+                save_kv_cache=save_kv_cache,
+                q_rope=leading_rows(q_rope, real),
+                k_rope=leading_rows(k_rope, real),
+                topk_indices=leading_rows(topk_indices, real),
+                cos_sin_cache=cos_sin_cache,
+                is_neox=is_neox,
+                llama_4_scaling=llama_4_scaling,
+                is_prefill=is_prefill,
+            )
         finally:
             forward_batch.positions, forward_batch.out_cache_loc = positions, out_cache_loc
         return zero_pad_rows(out, physical)

@@ -1,23 +1,17 @@
 """eager_draft_gate — the worker hook, and PD-decode marking of batches that need a rank-consistent eager draft.
 
 Why:      In PD decode a request can arrive without a DSA top-k seed (GLM-5.2 MTP IndexShare). The stock draft step
-          then goes eager on that rank only (``EagleDraftWorker.draft``: ``dsa_topk_indices is None``) while idle DP
-          ranks replay the draft CUDA graph; the ranks issue different collectives and hang (#32209, first failure
-          mode). The group can only agree if the condition is known *before* the DP MLP sync.
+          then goes eager on that rank only while idle DP ranks replay the draft CUDA graph; the ranks issue
+          different collectives and hang (#32209, first failure mode). The group can only agree if the condition is
+          known *before* the DP MLP sync.
 How:      Adds ``BaseSpecWorker.requires_dp_attention_eager_forward(batch) -> False`` (non-EAGLE algorithms,
-          non-last PP ranks) and the PR's predicate on ``EAGLEWorkerV2`` (same condition as the draft guard, the
-          seed read through ``EagleDraftInput.has_dsa_topk_seed`` from ``future_seed_authority``). A wrapper around
-          ``SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run`` scopes the scheduler's spec
-          worker in a context variable; ``mark_pd_decode_batch`` then sets ``batch.force_disable_draft_cuda_graph``
-          immediately before the sync — the PR's placement, reached from a seam instead of a copied function body.
-          It is called by ``draft_graph_vote``'s wrapper of ``SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch``
-          (one wrapper opens the round for both patches; they apply together). ``draft()`` itself is unchanged:
-          its local guard stays.
-          Premises, fingerprinted as CHECK targets: ``build_eagle_disagg_draft_input`` builds the seedless PD
-          arrival; ``EagleDraftWorker._draft_extend_for_prefill`` / ``_draft_extend_for_decode`` always set the
-          seed, so co-located decode never produces a seedless non-idle draft input and needs no marking
-          (pinned on real code by tests/test_premises.py).
-Releases: 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (``EagleDraftInput.cuda_graph_compatible``).
+          non-last PP ranks) and the PR's predicate on ``EAGLEWorkerV2`` (the draft guard's condition, the seed read
+          through ``future_seed_authority``'s ``has_dsa_topk_seed``). A wrapper around the PD-decode round scopes the
+          scheduler's spec worker in a context variable; ``mark_pd_decode_batch`` then sets
+          ``batch.force_disable_draft_cuda_graph`` immediately before the sync: the PR's placement, reached from a
+          seam instead of a copied function body. ``draft_graph_vote``'s wrapper that opens the sync round calls it,
+          so the two patches apply together. ``draft()`` itself is unchanged: its local guard stays.
+Releases: applied on 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (``EagleDraftInput.cuda_graph_compatible``).
 Removable when: the oldest supported release carries upstream #32196 (0.5.21), or #32209 lands.
 """
 
@@ -43,10 +37,13 @@ FLAG = "force_disable_draft_cuda_graph"
 BASE_HOOK = Target(BASE_SPEC, "BaseSpecWorker", Kind.ADD, attr=HOOK_NAME, fingerprinted=False)
 EAGLE_HOOK = Target(EAGLE_V2, "EAGLEWorkerV2", Kind.ADD, attr=HOOK_NAME, fingerprinted=False)
 BATCH_FLAG_DEFAULT = Target(SCHEDULE_BATCH, "ScheduleBatch", Kind.ADD, attr=FLAG, fingerprinted=False)
+# Premise (fingerprinted, never changed): the draft guard goes eager exactly when a seeding draft worker gets a
+# non-idle batch without a seed; the EAGLE predicate below mirrors that condition.
 DRAFT_GUARD = Target(EAGLE_V2, "EagleDraftWorker.draft", Kind.CHECK)
 DECODE_ROUND = Target(DECODE, "SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run")
 # Premises (fingerprinted, never changed): the seedless PD arrival is built here, and outside PD decode the
-# draft-extend paths always set the seed, which is why only PD-decode rounds need marking.
+# draft-extend paths always set the seed, which is why only PD-decode rounds need marking (tests/test_premises.py
+# pins this on the real source).
 DISAGG_ARRIVAL = Target(EAGLE_DISAGG, "build_eagle_disagg_draft_input", Kind.CHECK)
 EXTEND_FOR_PREFILL = Target(EAGLE_V2, "EagleDraftWorker._draft_extend_for_prefill", Kind.CHECK)
 EXTEND_FOR_DECODE = Target(EAGLE_V2, "EagleDraftWorker._draft_extend_for_decode", Kind.CHECK)

@@ -1,17 +1,13 @@
 """future_seed_authority — under overlap scheduling the future seed flag, not the tensor, says whether a seed exists.
 
-Why:      With overlap scheduling a seeded running batch can merge a seedless prebuilt batch. ``merge_batch`` ANDs
-          ``future_dsa_topk_indices_available`` but leaves the materialized ``dsa_topk_indices`` tensor in place, so
-          the tensor is stale and non-empty. ``FutureMap._resolve_spec_extras`` later replaces it with ``None``
-          because the flag is False, and the draft guard then goes eager. A vote that read the tensor would say
-          "graph" on a rank that then runs eager: the very hang this plugin removes. (#32209, second failure mode.)
-How:      Adds ``EagleDraftInput.has_dsa_topk_seed()``: when ``future_indices`` is set the flag is authoritative,
-          otherwise ``dsa_topk_indices is not None``. ``eager_draft_gate``'s predicate calls it. The stock code that
-          makes this the right rule (``merge_batch``'s AND, ``FutureMap._resolve_spec_extras``) is fingerprinted,
-          and so are ``ScheduleBatch.merge_batch`` and its call sites (``Scheduler.get_next_batch_to_run``,
-          ``Scheduler.pause_generation``, ``SchedulerMultiplexMixin.event_loop_pdmux``; the PD-decode one is
-          eager_draft_gate's wrapped round), which replace an empty receiver instead of merging into it.
-Releases: 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (``cuda_graph_compatible`` is ANDed in both merge branches).
+Why:      With overlap scheduling a seeded running batch can merge a seedless prebuilt batch: its
+          ``dsa_topk_indices`` tensor stays, stale and non-empty, while the draft guard sees no seed and goes eager.
+          A vote that read the tensor would say "graph" on a rank that then runs eager: the very hang this plugin
+          removes (#32209, second failure mode).
+How:      Adds ``EagleDraftInput.has_dsa_topk_seed()``: the future flag when ``future_indices`` is set, otherwise
+          ``dsa_topk_indices is not None``. ``eager_draft_gate``'s predicate calls it.
+Releases: applied on 0.5.15.post1 – 0.5.20. Superseded from 0.5.21 (``cuda_graph_compatible`` is ANDed in both merge
+          branches).
 Removable when: the oldest supported release carries upstream #32196 (0.5.21), or #32209 lands.
 """
 
@@ -29,6 +25,9 @@ SCHEDULER = "sglang.srt.managers.scheduler"
 MULTIPLEX = "sglang.srt.multiplex.multiplexing_mixin"
 
 HAS_SEED = Target(EAGLE_INFO, "EagleDraftInput", Kind.ADD, attr="has_dsa_topk_seed", fingerprinted=False)
+# Premises (fingerprinted, never changed): EagleDraftInput.merge_batch ANDs future_dsa_topk_indices_available but
+# leaves the materialized dsa_topk_indices in place, and FutureMap._resolve_spec_extras replaces that tensor with None
+# when the flag is False; so under overlap the flag, not the tensor, is the seed the draft guard sees.
 MERGE_BATCH = Target(EAGLE_INFO, "EagleDraftInput.merge_batch", Kind.CHECK)
 RESOLVE_EXTRAS = Target(OVERLAP_UTILS, "FutureMap._resolve_spec_extras", Kind.CHECK)
 # Premises (fingerprinted, never changed): ScheduleBatch.merge_batch is only reached with a non-empty receiver,
