@@ -11,6 +11,7 @@ Writes bench/results/<release>.json and prints a summary.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -47,9 +48,9 @@ def sync_path(pool, rounds: int) -> dict:
         for arm in ("stock", "patched") if block % 2 == 0 else ("patched", "stock"):
             pool.plugin("restore" if arm == "stock" else "apply")
             results = pool.rounds(states)
-            samples[arm].extend(res["sync_ms"] for rank in results for res in rank)
-            cpu[arm].extend(res["sync_cpu_ms"] for rank in results for res in rank)
-            collectives[arm].extend(res["sync_collectives"] for rank in results for res in rank)
+            samples[arm].extend(res.sync_ms for rank in results for res in rank)
+            cpu[arm].extend(res.sync_cpu_ms for rank in results for res in rank)
+            collectives[arm].extend(res.sync_collectives for rank in results for res in rank)
     pool.plugin("restore")
     med = {arm: statistics.median(v) for arm, v in samples.items()}
     med_cpu = {arm: statistics.median(v) for arm, v in cpu.items()}
@@ -66,21 +67,21 @@ def sync_path(pool, rounds: int) -> dict:
 
 
 def sync_path_local(rounds: int, blocks: int = 10) -> dict:
-    """The same round with SGLang's all-gather replaced by a local copy of the gathered rows (harness
-    ``LOCAL_GATHER_ENV``): each rank times SGLang's own ``get_next_disagg_decode_batch_to_run`` call alone (thread
+    """The same round with SGLang's all-gather replaced by a local copy of the gathered rows (``harness_ext.py``,
+    loaded into the ranks): each rank times SGLang's own ``get_next_disagg_decode_batch_to_run`` call alone (thread
     CPU, no batch construction, no waiting on a peer), in the same processes, interleaved blocks (arm order rotated;
     after each switch a short warm-up block that is not counted), the cyclic GC collecting between blocks, never
-    inside one (``QUIET_GC_ENV``). Five arms: stock; ``stock_again`` (stock once more: an A/A pair, so the figures
+    inside one (``harness_ext.py`` too). Five arms: stock; ``stock_again`` (stock once more: an A/A pair, so the figures
     carry their own resolution); ``passthrough`` (the plugin's seams wrapped by wrappers that only call the original:
     the cost of wrapping those seams at all, none of the plugin's work); patched; ``recorder`` (patched with the
     flight recorder on, ``SGLANG_DP_MTP_FIX_RECORDER_DIR``: a fresh directory per block, the file really mapped)."""
     import tempfile
 
     from sglang_dp_mtp_fix.harness.pool import RankPool
-    from sglang_dp_mtp_fix.harness.rank import LOCAL_GATHER_ENV, QUIET_GC_ENV
+    from sglang_dp_mtp_fix.harness.rank import EXTENSION_ENV
 
     # Rank 0 alone runs rounds (rank 1 waits, idle): with the gather local, a rank needs no peer, and two ranks timed
-    # at once on a 2-core host disturb each other (an A/A pair of stock arms then differed by 8-12 us).
+    # at once on a 2-core host disturb each other (bench/README.md).
     states = [[SEEDED if i % 5 else SEEDLESS for i in range(rounds)], []]
     warm = [states[0][:50], []]
     arms = ("stock", "stock_again", "passthrough", "patched", "recorder")
@@ -92,7 +93,7 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     }  # fmt: skip
     cpu: dict[str, list[float]] = {arm: [] for arm in arms}
     block_medians: dict[str, list[float]] = {arm: [] for arm in arms}
-    env = {"SGLANG_PLUGINS": "dp_mtp_fix", LOCAL_GATHER_ENV: "1", QUIET_GC_ENV: "1"}
+    env = {"SGLANG_PLUGINS": "dp_mtp_fix", EXTENSION_ENV: str(HERE / "harness_ext.py")}
     with RankPool(2, load_plugins=True, env=env) as pool:
         seams = pool.plugin("passthrough")[0]["seams"]
         pool.plugin("restore")
@@ -106,7 +107,7 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
                 pool.plugin(command[arm])
                 pool.rounds(warm, collective=False)
                 results = pool.rounds(states, collective=False)
-                got = [res["round_cpu_ms"] for rank in results for res in rank]
+                got = [res.round_cpu_ms for rank in results for res in rank]
                 cpu[arm].extend(got)
                 block_medians[arm].append(statistics.median(got))
         pool.plugin("restore")
@@ -116,8 +117,7 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
         arm: [p / s for s, p in zip(block_medians["stock"], block_medians[arm], strict=True)] for arm in arms[1:]
     }
     # Headline: the fastest block of each arm. Interference on a shared host only ever adds time, so the minimum is
-    # the estimator it moves least (the A/A pair's fastest blocks agreed within 3 us while its pooled medians differed
-    # by up to 12 %: block medians of one arm moved 80 -> 155 us within minutes).
+    # the estimator it moves least (bench/README.md).
     fastest = {arm: min(v) for arm, v in block_medians.items()}
     return {
         "median_cpu_ms": med,
@@ -156,7 +156,7 @@ def can_run_graph_time() -> dict:
 
     from sglang_dp_mtp_fix import plugin, recorder
     from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
-    from sglang_dp_mtp_fix.harness.rank import draft_runner_standin
+    from sglang_dp_mtp_fix.harness.standins import draft_runner_standin
 
     runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, SpeculativeAlgorithm.from_string("EAGLE"))
     fb = SimpleNamespace(
@@ -213,9 +213,8 @@ def activation_time(repeats: int = 5) -> dict:
 
     import sglang_dp_mtp_fix
 
-    # As installed: pip compiles the package at install time, so a scheduler reads the plugin's bytecode. (This
-    # machine runs with PYTHONDONTWRITEBYTECODE=1; uncompiled, every fresh process recompiled the plugin's sources,
-    # ~20-60 ms of the figure.)
+    # As installed: pip compiles the package at install time, so a scheduler reads the plugin's bytecode (under
+    # PYTHONDONTWRITEBYTECODE=1 every fresh process would recompile the plugin's sources inside the figure).
     compileall.compile_dir(os.path.dirname(sglang_dp_mtp_fix.__file__), quiet=1)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DP_MTP_FIX")}
     out = {}
@@ -274,22 +273,34 @@ def activation_only() -> None:
     )
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--activation", action="store_true", help="only the activation figures")
+    mode.add_argument("--sync-local", action="store_true", help="only the sync path without a collective")
+    ap.add_argument("--rounds", type=int, default=150, help="--sync-local: rounds per block (default 150)")
+    ap.add_argument("--blocks", type=int, default=40, help="--sync-local: blocks per arm (default 40)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="--sync-local: write here (default results/sync-local-<release>.json)"
+    )
+    return ap.parse_args(argv)
+
+
 def main() -> None:
     from importlib.metadata import version
 
     from sglang_dp_mtp_fix.harness.pool import RankPool
 
-    if "--activation" in sys.argv[1:]:
+    args = parse_args()
+    if args.activation:
         activation_only()
         return
-    if "--sync-local" in sys.argv[1:]:
-        from importlib.metadata import version
-
+    if args.sync_local:
         release = version("sglang")
         result = {"sglang_version": release, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-                  "load_avg_before": os.getloadavg(), **sync_path_local(rounds=150, blocks=40),
+                  "load_avg_before": os.getloadavg(), **sync_path_local(rounds=args.rounds, blocks=args.blocks),
                   "load_avg_after": os.getloadavg()}  # fmt: skip
-        out = HERE / "results" / f"sync-local-{release}.json"
+        out = args.out or HERE / "results" / f"sync-local-{release}.json"
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
         return

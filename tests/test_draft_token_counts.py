@@ -95,7 +95,7 @@ def test_only_the_draft_forward_reads_the_draft_counts_and_the_batch_is_restored
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     from sglang_dp_mtp_fix.harness.draft_counts import GatheredSyncInfoStandIn
-    from sglang_dp_mtp_fix.harness.rank import ModelRunnerStandIn, decode_tensors
+    from sglang_dp_mtp_fix.harness.standins import ModelRunnerStandIn, decode_tensors
 
     monkeypatch.setenv(MODE_ENV, "auto")
     server_args("deepep", "none")

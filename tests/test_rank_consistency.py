@@ -10,11 +10,13 @@ draft does (draft_token_counts). The pair is published on every rank and the plu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from conftest import affected_only
 
+from sglang_dp_mtp_fix.harness.decode_round import RoundResult
 from sglang_dp_mtp_fix.harness.fuzz import PAIRS, check_round, run_property
 
 pytestmark = affected_only
@@ -83,15 +85,15 @@ def test_deepep_none_stock_splits_the_draft_and_patched_never_does(pool):
     patched = dict(zip(SCENARIO, pool.run_trace(trace), strict=True))
     for name in SCENARIO:
         assert check_round(stock[name]) is not None, (name, stock[name])
-        assert any(r.get("collective") == "split" for r in stock[name]), name
+        assert any(r.collective == "split" for r in stock[name]), name
         assert check_round(patched[name]) is None, (name, check_round(patched[name]))
-        assert all(r.get("collective") == "ok" for r in patched[name] if r["ran"]), name
+        assert all(r.collective == "ok" for r in patched[name] if r.ran), name
     assert "draft buckets differ" in check_round(stock["bucket"])
-    assert {r["draft_bucket"] for r in stock["bucket"] if r["ran"] and not r["idle"]} == {8, 16}
-    assert {r["draft_bucket"] for r in patched["bucket"] if r["ran"]} == {16}
+    assert {r.draft_bucket for r in stock["bucket"] if r.ran and not r.idle} == {8, 16}
+    assert {r.draft_bucket for r in patched["bucket"] if r.ran} == {16}
     assert "draft paths differ" in check_round(stock["path"])
-    assert {(r["draft_path"], r["draft_rows"]) for r in patched["path"] if r["ran"]} == {("eager", 65)}
-    assert {(r["draft_path"], r["draft_rows"]) for r in patched["bucket+seedless"] if r["ran"]} == {("eager", 12)}
+    assert {(r.draft_path, r.draft_rows) for r in patched["path"] if r.ran} == {("eager", 65)}
+    assert {(r.draft_path, r.draft_rows) for r in patched["bucket+seedless"] if r.ran} == {("eager", 12)}
 
 
 def test_same_rounds_do_not_split_seeded_ranks_when_both_backends_gather(pool):
@@ -104,16 +106,16 @@ def test_same_rounds_do_not_split_seeded_ranks_when_both_backends_gather(pool):
 
 
 def test_checker_flags_generic_refusal_and_splits():
-    ok = [{"rank": 0, "ran": True, "draft_path": "eager", "decode_graph": True}]
+    ok = [RoundResult(rank=0, ran=True, draft_path="eager", decode_graph=True)]
     assert check_round(ok) is None
-    split = ok + [{"rank": 1, "ran": True, "draft_path": "graph", "decode_graph": True}]
+    split = ok + [RoundResult(rank=1, ran=True, draft_path="graph", decode_graph=True)]
     assert "draft paths differ" in check_round(split)
-    refused = [{"rank": 0, "ran": True, "draft_path": "eager", "decode_graph": False}]
+    refused = [RoundResult(rank=0, ran=True, draft_path="eager", decode_graph=False)]
     assert "generic graph refused" in check_round(refused)
     graph = {"ran": True, "draft_path": "graph", "decode_graph": True, "draft_gathers": True}
-    buckets = [{**graph, "rank": 0, "draft_rows": 8}, {**graph, "rank": 1, "draft_rows": 16}]
+    buckets = [RoundResult(**graph, rank=0, draft_rows=8), RoundResult(**graph, rank=1, draft_rows=16)]
     assert "draft buckets differ" in check_round(buckets)
-    dispatching = [{**r, "draft_gathers": False} for r in buckets]  # no gathered draft MoE: sizes may differ
+    dispatching = [replace(r, draft_gathers=False) for r in buckets]  # no gathered draft MoE: sizes may differ
     assert check_round(dispatching) is None
 
 

@@ -1,8 +1,8 @@
 """The decision flight recorder and ``rollcall`` (issue 23).
 
 REAL: SGLang's MLP sync, ``_update_gather_batch``, ``ForwardBatch.init_new`` and ``EAGLEDraftCudaGraphRunner
-.can_run_graph`` on the 4 gloo ranks of the shared ``rank_pool`` (the harness's stand-ins: ``harness/rank.py``), with
-the plugin applied under ``SGLANG_DP_MTP_FIX_RECORDER_DIR``; the recorder's own file code in the other tests.
+.can_run_graph`` on the 4 gloo ranks of the shared ``rank_pool`` (the harness's stand-ins: ``harness/standins.py``),
+with the plugin applied under ``SGLANG_DP_MTP_FIX_RECORDER_DIR``; the recorder's own file code in the other tests.
 The injected divergence is the harness's TEST-ONLY ``_flip_draft_path`` switch: it turns one rank's draft path
 around after the group's vote, as a bug elsewhere would.
 """
@@ -47,8 +47,8 @@ def test_injected_divergence_is_named_by_round_and_rank(rank_pool, tmp_path):
         trace[4][1] = {"kind": "decode", "seed": False, "num_reqs": 2}  # a seedless round: the vote forces eager
         trace[8][2]["_flip_draft_path"] = True  # round 9 as the recorder counts: rank 2 alone turns eager
         results = rank_pool.run_trace(trace, collective=False)
-        assert [r["draft_path"] for r in results[8]] == ["graph", "graph", "eager", "graph"]  # the switch bites
-        assert {r["draft_path"] for r in results[4]} == {"eager"}
+        assert [r.draft_path for r in results[8]] == ["graph", "graph", "eager", "graph"]  # the switch bites
+        assert {r.draft_path for r in results[4]} == {"eager"}
         data, code = recorder.rollcall([str(tmp_path)])
     finally:
         rank_pool.plugin("restore")
@@ -87,14 +87,14 @@ def test_patched_arm_agrees_and_records_what_each_rank_did(rank_pool, tmp_path):
     recorded = 0
     for i, round_results in enumerate(results):
         for r in round_results:
-            rec = by_rank[r["rank"]].records.get(i + 1)
-            if not r["ran"]:
+            rec = by_rank[r.rank].records.get(i + 1)
+            if not r.ran:
                 continue
             recorded += 1
             got = rec.as_dict()
-            assert got["draft_path"] == ("graph" if r["runner_graph"] else "eager"), (i, r, got)
-            assert got["draft_vote_group"] == r["draft_vote"] and got["decode_vote_group"] == r["decode_graph"]
-            assert got["tokens"] == r["num_tokens"], (got, r)
+            assert got["draft_path"] == ("graph" if r.runner_graph else "eager"), (i, r, got)
+            assert got["draft_vote_group"] == r.draft_vote and got["decode_vote_group"] == r.decode_graph
+            assert got["tokens"] == r.num_tokens, (got, r)
     assert recorded > 100
 
 

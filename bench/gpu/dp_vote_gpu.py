@@ -2,9 +2,10 @@
 
 Per rank: SGLang's real ServerArgs(device="cuda"), publish, init_distributed_environment(backend="nccl") and
 initialize_model_parallel (tp=2, attn-dp=2), the plugin loaded through SGLang's load_plugins(). Then:
-  1. the harness's real PD-decode round + DP MLP sync (harness/rank.py: real get_next_disagg_decode_batch_to_run,
-     prepare_mlp_sync_batch_raw, ForwardBatch.init_new, EAGLEDraftCudaGraphRunner.can_run_graph; stand-ins named
-     there) on the gloo CPU-group path and on the NCCL device-group path, rank 0 seedless, rank 1 idle:
+  1. the harness's real PD-decode round + DP MLP sync (harness/decode_round.py: real
+     get_next_disagg_decode_batch_to_run, prepare_mlp_sync_batch_raw, ForwardBatch.init_new,
+     EAGLEDraftCudaGraphRunner.can_run_graph; stand-ins in harness/standins.py) on the gloo CPU-group path and on
+     the NCCL device-group path, rank 0 seedless, rank 1 idle:
      stock arm (plugin restored) and patched arm;
   2. each rank then runs the draft step's collectives as its decision says: replay of a captured CUDA graph holding
      3 NCCL all-gathers padded to 8 rows, or 3 eager all-gathers of the live rows. Patched first (expect completion
@@ -80,7 +81,9 @@ def _worker(rank, world, port, rep):
         ps.initialize_model_parallel()
     tpg = ps.get_tp_group()
     gloo = dist.new_group(backend="gloo")
-    harness._ctx.update(rank=rank, world=world, path_group=gloo, device=f"cuda:{rank}", server_args=sa)
+    context = harness.CONTEXT
+    context.rank, context.world, context.path_group, context.device = rank, world, gloo, f"cuda:{rank}"
+    context.server_args = context.baseline_server_args = sa
     nccl = ".".join(map(str, torch.cuda.nccl.version()))
     backend = str(dist.get_backend(tpg.device_group))
     rep(phase="init", plugin=statuses, torch=torch.__version__, gpu=torch.cuda.get_device_name(rank), nccl=nccl,
@@ -100,8 +103,8 @@ def _worker(rank, world, port, rep):
             torch.cuda.synchronize()
             keep = ("draft_path", "decode_graph", "draft_vote", "forward_batch_draft_vote", "eager_cause",
                     "global_num_tokens", "sync_ms")  # fmt: skip
-            rep(phase="sync", arm=arm, path=path, **{k: r.get(k) for k in keep})
-            decisions[(arm, path)] = r["draft_path"]
+            rep(phase="sync", arm=arm, path=path, **{k: getattr(r, k) for k in keep})
+            decisions[(arm, path)] = r.draft_path
     os.environ.pop("SGLANG_DP_MTP_FIX_HARNESS_DEVICE_GROUP", None)
 
     # 2. the draft step's collectives on NCCL, as each rank's decision says

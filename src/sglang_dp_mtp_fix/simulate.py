@@ -1,7 +1,8 @@
 """``sglang-dp-mtp-fix simulate``: the hang reproduced and fixed on CPU, stock vs patched on the same trace.
 
 N CPU rank processes (gloo) import the installed SGLang and run a PD-decode workload through its real code (see
-``harness/rank.py`` for exactly which decisions come from SGLang and which stand-ins are used). Each round every
+``harness/decode_round.py`` and ``harness/standins.py`` for exactly which decisions come from SGLang and which
+stand-ins are used). Each round every
 rank then performs the draft step's collectives as its chosen path would, so a split between graph and eager shows
 up as a collective mismatch naming the ranks. The same trace runs twice in the same rank processes: stock (plugin
 restored) and patched (plugin applied, exactly as ``load_plugins()`` applies it).
@@ -30,7 +31,10 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang_dp_mtp_fix.harness.decode_round import RoundResult
 
 STATE_KEYS = {
     "kind", "num_reqs", "seed", "overlap", "future_flag", "merge_seedless_prebuilt", "seed_from_draft_extend",
@@ -131,29 +135,29 @@ class Arm:
     real_failure: str | None = None  # --unguarded: what the real collective did in the first split round
 
 
-def summarize(per_round: list[list[dict[str, Any]]], wall_ms: list[float]) -> Arm:
+def summarize(per_round: list[list[RoundResult]], wall_ms: list[float]) -> Arm:
     arm = Arm(rounds=len(per_round))
     generic = draft = 0
     causes: Counter[str] = Counter()
     collectives = []
     for i, results in enumerate(per_round):
-        ran = [r for r in results if r.get("ran")]
-        collectives.append(max(r.get("sync_collectives", 0) for r in results))
+        ran = [r for r in results if r.ran]
+        collectives.append(max(r.sync_collectives for r in results))
         if not ran:
             continue
         arm.rounds_with_batches += 1
-        paths = {r["draft_path"] for r in ran}
-        decode_votes = {r["decode_graph"] for r in ran}
-        rows = {r["rank"]: r.get("draft_rows") for r in ran if r.get("draft_gathers")}
+        paths = {r.draft_path for r in ran}
+        decode_votes = {r.decode_graph for r in ran}
+        rows = {r.rank: r.draft_rows for r in ran if r.draft_gathers}
         bucket_split = len(paths) == 1 and len(set(rows.values())) > 1
         arm.bucket_splits += bucket_split
         if len(paths) > 1 or len(decode_votes) > 1 or bucket_split:
             arm.divergent_rounds += 1
-        if any(r.get("collective") == "split" for r in ran):
+        if any(r.collective == "split" for r in ran):
             arm.hangs += 1
             if len(arm.hang_examples) < 3:
-                graph = [r["rank"] for r in ran if r["draft_path"] == "graph"]
-                eager = [r["rank"] for r in ran if r["draft_path"] == "eager"]
+                graph = [r.rank for r in ran if r.draft_path == "graph"]
+                eager = [r.rank for r in ran if r.draft_path == "eager"]
                 if bucket_split:
                     what = "draft graph buckets" if paths == {"graph"} else "eager draft rows"
                     arm.hang_examples.append(f"round {i}: ranks take different {what} {rows}")
@@ -168,8 +172,8 @@ def summarize(per_round: list[list[dict[str, Any]]], wall_ms: list[float]) -> Ar
         else:
             arm.draft_eager_rounds += 1
             for r in ran:
-                if r["draft_path"] == "eager":
-                    causes[r["eager_cause"]] += 1
+                if r.draft_path == "eager":
+                    causes[str(r.eager_cause)] += 1
     n = max(arm.rounds_with_batches, 1)
     arm.generic_graph_rate = round(generic / n, 4)
     arm.draft_graph_rate = round(draft / n, 4)
@@ -183,7 +187,7 @@ def first_split_round(pool: Any, trace: list[list[dict[str, Any]]]) -> int | Non
     """Guarded pass over the trace to find the first round whose ranks split (None if they never do)."""
     for start in range(0, len(trace), CHUNK):
         for i, results in enumerate(pool.run_trace(trace[start : start + CHUNK])):
-            if any(r.get("collective") == "split" for r in results):
+            if any(r.collective == "split" for r in results):
                 return start + i
     return None
 
@@ -214,12 +218,12 @@ def unguarded_failure(
             (results,) = pool.run_trace([states], timeout=60)
         except RankError as exc:
             return f"round {split}: {exc}"
-        paths = [r.get("draft_path") for r in results]
+        paths = [r.draft_path for r in results]
         return f"round {split}: completed without failure (paths {paths})"
 
 
 def run_arm(pool: Any, trace: list[list[dict[str, Any]]], label: str, progress: bool) -> Arm:
-    per_round: list[list[dict[str, Any]]] = []
+    per_round: list[list[RoundResult]] = []
     wall_ms: list[float] = []
     for start in range(0, len(trace), CHUNK):
         chunk = trace[start : start + CHUNK]

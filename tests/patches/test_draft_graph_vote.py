@@ -148,7 +148,7 @@ def test_batches_that_never_synced_keep_graphs(restored):
 
 
 def _paths(results):
-    return [r["draft_path"] for r in results]
+    return [r.draft_path for r in results]
 
 
 def _arms(pool, states):
@@ -165,18 +165,18 @@ def test_seedless_active_rank_with_idle_ranks(rank_pool):
     assert _paths(stock) == ["eager", "graph", "graph", "graph"]
     # patched: every rank refuses the draft graph, the generic decode/verify vote stays True
     assert _paths(patched) == ["eager"] * 4
-    assert all(r["decode_graph"] is True for r in patched)
-    assert all(r["draft_vote"] is False for r in patched)
-    assert all(r["forward_batch_draft_vote"] is False for r in patched)  # carried by the real ForwardBatch.init_new
-    assert all(r["forward_batch_draft_vote"] is None for r in stock)
-    assert patched[0]["force_disable_draft_cuda_graph"] is True
-    assert [r["eager_cause"] for r in patched] == ["own seedless batch"] + ["another rank's vote"] * 3
+    assert all(r.decode_graph is True for r in patched)
+    assert all(r.draft_vote is False for r in patched)
+    assert all(r.forward_batch_draft_vote is False for r in patched)  # carried by the real ForwardBatch.init_new
+    assert all(r.forward_batch_draft_vote is None for r in stock)
+    assert patched[0].force_disable_draft_cuda_graph is True
+    assert [r.eager_cause for r in patched] == ["own seedless batch"] + ["another rank's vote"] * 3
 
 
 def test_all_seeded_keeps_draft_graph_everywhere(rank_pool):
     stock, patched = _arms(rank_pool, [SEEDED, SEEDED, NONE, SEEDED])
     assert _paths(stock) == _paths(patched) == ["graph"] * 4
-    assert all(r["draft_vote"] is True and r["decode_graph"] is True for r in patched)
+    assert all(r.draft_vote is True and r.decode_graph is True for r in patched)
 
 
 def test_overlap_merge_of_seeded_running_and_seedless_prebuilt(rank_pool):

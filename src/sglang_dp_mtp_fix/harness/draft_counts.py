@@ -24,7 +24,8 @@ from array import array
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dp_mtp_fix.harness.rank import ModelRunnerStandIn, decode_tensors, draft_runner_standin, publish_server_args
+from sglang_dp_mtp_fix.harness.context import publish_server_args
+from sglang_dp_mtp_fix.harness.standins import ModelRunnerStandIn, decode_tensors, draft_runner_standin
 
 DUMMY_MODEL = os.path.join(os.path.dirname(__file__), "dummy_model")
 MAX_BS = 8  # the draft graph's largest captured batch size in these cases

@@ -19,7 +19,10 @@ import json
 import random
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang_dp_mtp_fix.harness.decode_round import RoundResult
 
 State = dict[str, Any]
 
@@ -57,20 +60,20 @@ def random_round(rng: random.Random, world: int, wide: bool = False) -> list[Sta
     return [random_state(rng, wide) for _ in range(world)]
 
 
-def check_round(results: list[dict[str, Any]]) -> str | None:
+def check_round(results: list[RoundResult]) -> str | None:
     """None when the round is rank-consistent, else a description of the violation."""
-    ran = [r for r in results if r.get("ran")]
+    ran = [r for r in results if r.ran]
     if not ran:
         return None
-    paths = {r["rank"]: r["draft_path"] for r in ran}
+    paths = {r.rank: r.draft_path for r in ran}
     if len(set(paths.values())) > 1:
         return f"draft paths differ across ranks: {paths}"
     # A draft that gathers (its MoE all-gathers every rank's rows) needs one size on every rank.
-    rows = {r["rank"]: r["draft_rows"] for r in ran if r.get("draft_gathers")}
+    rows = {r.rank: r.draft_rows for r in ran if r.draft_gathers}
     if len(set(rows.values())) > 1:
         what = "draft buckets" if set(paths.values()) == {"graph"} else "draft eager rows"
         return f"{what} differ across ranks: {rows}"
-    generic = {r["rank"]: r["decode_graph"] for r in ran}
+    generic = {r.rank: r.decode_graph for r in ran}
     if len(set(generic.values())) > 1:
         return f"generic graph decisions differ: {generic}"
     if not all(generic.values()):

@@ -7,7 +7,10 @@ import queue
 import socket
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang_dp_mtp_fix.harness.decode_round import RoundResult
 
 DUMMY_MODEL = Path(__file__).with_name("dummy_model")
 
@@ -84,20 +87,8 @@ def _rank_main(
         if item is None:
             break
         command, payload = item
-        result: Any
         try:
-            if command == "round":
-                result = r.run_round(payload)
-            elif command == "rounds":
-                result = r.run_rounds(payload)
-            elif command == "decisions":  # no draft-step collective emulation (fuzz --fast)
-                result = r.run_rounds(payload, collective=False)
-            elif command == "plugin":
-                result = r.plugin(payload)
-            elif command == "configure":
-                result = r.configure(payload)
-            else:
-                raise ValueError(command)
+            result = r.handle(command, payload)
             outbox.put(("ok", result))
         except BaseException as exc:  # noqa: BLE001
             outbox.put(
@@ -194,13 +185,13 @@ class RankPool:
             box.put((command, payload))
         return self._collect(timeout)
 
-    def round(self, states: list[dict[str, Any]], timeout: float | None = 120) -> list[dict[str, Any]]:
+    def round(self, states: list[dict[str, Any]], timeout: float | None = 120) -> list[RoundResult]:
         assert len(states) == self.world
         return self._send("round", states, timeout)
 
     def rounds(
         self, per_rank_states: list[list[dict[str, Any]]], timeout: float | None = 600, collective: bool = True
-    ) -> list[list[dict[str, Any]]]:
+    ) -> list[list[RoundResult]]:
         """Run len(per_rank_states[0]) rounds; returns one list of round results per rank.
 
         ``collective=False``: each rank still runs SGLang's real PD-decode round and MLP sync and reports its
@@ -211,13 +202,14 @@ class RankPool:
 
     def run_trace(
         self, trace: list[list[dict[str, Any]]], timeout: float | None = 600, collective: bool = True
-    ) -> list[list[dict[str, Any]]]:
+    ) -> list[list[RoundResult]]:
         """Run a trace given round by round (one state per rank in each round); results come back the same way."""
         per_rank = self.rounds([[states[r] for states in trace] for r in range(self.world)], timeout, collective)
         return [[per_rank[r][i] for r in range(self.world)] for i in range(len(trace))]
 
     def plugin(self, command: str | dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
-        """'apply' / 'restore' / 'stats' on every rank, or one command per rank (a misconfigured-node scenario)."""
+        """'apply' / 'restore' / 'stats' on every rank, or one command per rank (a misconfigured-node scenario). An
+        unknown command fails on every rank (``RankError``); the pool stays usable."""
         commands = command if isinstance(command, list) else [command] * self.world
         return self._send("plugin", commands)
 

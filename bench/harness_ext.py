@@ -1,0 +1,103 @@
+"""The benchmarks' additions to the rank harness, loaded into every rank by ``bench.py --sync-local`` through the
+harness's extension hook (``SGLANG_DP_MTP_FIX_HARNESS_EXTENSION`` = this file; ``install()`` runs at the end of the
+rank's setup). Never loaded by the tests or by ``simulate``.
+
+  * local gather: SGLang's MLP-sync all-gather replaced by a local copy, so a rank's round is timed without waiting
+    on (or spinning for) its peer;
+  * quiet GC: no cyclic GC inside a batch of rounds (collected before it instead);
+  * the ``passthrough`` plugin command: SGLang stock, except that every function the plugin wraps is wrapped by a
+    wrapper that only calls the original (the cost of wrapping those seams at all). ``apply`` and ``restore`` undo it
+    first.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections.abc import Callable
+from typing import Any
+
+from sglang_dp_mtp_fix.harness import rank
+
+# (owner, attribute, original) of every seam the passthrough arm wrapped, in the order wrapped.
+_passthrough: list[tuple[Any, str, Any]] = []
+
+
+def install() -> None:
+    import torch.distributed as dist
+
+    _install_local_gather(dist)
+    for name in ("rounds", "decisions"):
+        rounds = rank.COMMANDS[name]
+        rank.register_command(name, functools.partial(_with_quiet_gc, rounds))
+    for name in ("apply", "restore"):
+        command = rank.PLUGIN_COMMANDS[name]
+        rank.register_plugin_command(name, functools.partial(_after_undoing_passthrough, command))
+    rank.register_plugin_command("passthrough", functools.partial(_after_undoing_passthrough, _passthrough_seams))
+
+
+def _install_local_gather(dist: Any) -> None:
+    """STAND-IN for ``torch.distributed.all_gather_into_tensor``: every slot of the gathered tensor gets this rank's
+    own row, as if every peer sent the same. The rest of SGLang's sync (its group objects, the tensors, the decoding
+    of the gathered rows) is unchanged."""
+
+    def all_gather_into_tensor(output: Any, input: Any, group: Any = None, async_op: bool = False) -> None:
+        rows = output.numel() // input.numel()
+        output.view(rows, input.numel()).copy_(input.reshape(1, -1).expand(rows, -1))
+
+    dist.all_gather_into_tensor = all_gather_into_tensor
+
+
+def _with_quiet_gc(rounds: Callable[[Any], Any], states: Any) -> Any:
+    """A batch of rounds with the cyclic GC collected before it, never inside a timed round: its pauses are the
+    largest noise of the per-round timings (bench/README.md)."""
+    gc.collect()
+    gc.disable()
+    try:
+        return rounds(states)
+    finally:
+        gc.enable()
+
+
+def _after_undoing_passthrough(
+    command: Callable[[rank.PluginRequest], dict[str, Any]], request: rank.PluginRequest
+) -> dict[str, Any]:
+    while _passthrough:
+        owner, attr, original = _passthrough.pop()
+        setattr(owner, attr, original)
+    return command(request)
+
+
+def _plugin_changes(manager: Any) -> list[Any]:
+    """The plugin's changes: records with ``.owner``, ``.attr``, ``.original``, ``.patch_id``."""
+    changes = getattr(manager, "changes", None)
+    if changes is None:  # TODO(merge): PatchManager.changes() is public from #21; drop this fallback
+        return list(manager._changes)
+    return list(changes())
+
+
+def _passthrough_seams(request: rank.PluginRequest) -> dict[str, Any]:
+    """The plugin is applied once to learn its seams, then restored; each seam that is a function is then wrapped by
+    a wrapper that only calls the original (same seams, same number of frames, none of the plugin's work)."""
+    from sglang_dp_mtp_fix import plugin as p
+    from sglang_dp_mtp_fix import stats
+
+    p.register()
+    seams = [(ch.owner, ch.attr, ch.original, ch.patch_id or "plugin") for ch in _plugin_changes(p.get_manager())]
+    p.restore()
+    stats.activate(None)  # TODO(merge): restore() resets the counters itself
+    names = []
+    for owner, attr, original, patch_id in seams:
+        bound = isinstance(original, classmethod)
+        if not (callable(original) or bound):
+            continue  # an ADD (hook or class default): stock has no such attribute and never calls it
+        func = original.__func__ if bound else original
+
+        def through(*args: Any, _f: Any = func, **kwargs: Any) -> Any:
+            return _f(*args, **kwargs)
+
+        wrapper = functools.wraps(func)(through)
+        setattr(owner, attr, classmethod(wrapper) if bound else wrapper)
+        _passthrough.append((owner, attr, original))
+        names.append(f"{patch_id}:{getattr(owner, '__name__', owner)}.{attr}")
+    return {"rank": rank.CONTEXT.rank, "seams": names}
