@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SGLANG_VERSION, affected_only
+from releases import SGLANG_VERSION
+from support import affected_only
 
 from sglang_dp_mtp_fix import cli
 from sglang_dp_mtp_fix import fingerprint as fp

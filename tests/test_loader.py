@@ -9,15 +9,8 @@ plugin loaded before any scheduler module, as in the launcher process)."""
 from __future__ import annotations
 
 import pytest
-from conftest import (
-    SGLANG_VERSION,
-    VOTE_GROUP,
-    expected_status,
-    expected_statuses,
-    last_json,
-    requires_sglang,
-    run_python,
-)
+from releases import SGLANG_VERSION
+from support import VOTE_GROUP, expected_status, expected_statuses, last_json, requires_sglang, run_python
 
 pytestmark = requires_sglang
 
