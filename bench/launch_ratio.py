@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "launch"))
+sys.path.insert(0, str(HERE.parent / "tools"))  # the launch helpers, shared with the launch tier
 
 from launchlib import SGLANG_VERSION, Server, base_env, gaps_pythonpath, start_server  # noqa: E402
 

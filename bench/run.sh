@@ -4,4 +4,5 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 E=$("$ROOT/tools/mkvenv.sh" "${1:-0.5.20}" | tail -1)
-cd "$ROOT" && "$E/bin/python" bench/bench.py "${@:2}" 2> >(grep -vE "[Ww]arn|CUDA arch|AMX|chunked prefill|DEEPEP|return func" >&2)
+source "$ROOT/tools/sglang-noise.sh"
+cd "$ROOT" && "$E/bin/python" bench/bench.py "${@:2}" 2> >(drop_sglang_noise >&2)

@@ -4,7 +4,7 @@ The launch tier's server (``tests/launch``: tp 2 / dp 2 with DP attention, PD de
 NEXTN MTP, dummy weights, its named stand-ins, SGLang's ``--enable-metrics``) with the test-only vote probe
 (``tests/launch/probes/launch_vote_probe``) forcing, in ``--rate`` of the MLP-sync rounds, one rank drawn at random
 to need a rank-consistent eager draft (what a seedless PD arrival of a DSA model needs; point 4 of the probe's
-header). Traffic and checks: ``tests/launch/soaklib.py`` (1-16 in flight on both DP ranks, varied ``max_new_tokens``,
+header). Traffic and checks: ``tools/soaklib.py`` (1-16 in flight on both DP ranks, varied ``max_new_tokens``,
 arrivals while others decode, a malformed request every ~100). Checked: every request returned exactly its asked
 tokens (none errored or timed out); both ranks took the same draft path every round (from the probe's per-round
 records); the plugin's counters on ``/metrics`` equal the probe's counts; scheduler RSS at start vs end.
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "launch"))
+sys.path.insert(0, str(HERE.parent / "tools"))  # the launch helpers, shared with the launch tier
 
 import soaklib  # noqa: E402
 from launchlib import METRICS, SGLANG_VERSION, base_env, gaps_pythonpath, start_server  # noqa: E402

@@ -1,4 +1,4 @@
-"""The child side of ``conftest.run_python``: run a code string as ``python -c`` would, in a process forked from
+"""The child side of ``support.run_python``: run a code string as ``python -c`` would, in a process forked from
 the pristine forkserver (``sglang_dp_mtp_fix.harness.pool.pristine_context``: SGLang's scheduler modules imported,
 the plugin not loaded). Kept free of imports from this project and of pytest, so the child starts as pristine as
 the forkserver left it."""

@@ -7,7 +7,8 @@ import importlib
 import sys
 
 import pytest
-from conftest import SGLANG_VERSION, VOTE_GROUP, affected_only, expected_statuses, requires_sglang
+from releases import SGLANG_VERSION
+from support import VOTE_GROUP, affected_only, expected_statuses, requires_sglang
 
 from sglang_dp_mtp_fix import fingerprint as fp
 from sglang_dp_mtp_fix.config import Config, Mode

@@ -19,12 +19,11 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import (
+from releases import LOCAL_ROWS_AFFECTED, SGLANG_VERSION
+from support import (
     DEFERRED,
     DSA_MODULES,
-    LOCAL_ROWS_AFFECTED,
     MODEL_RUNNER,
-    SGLANG_VERSION,
     affected_only,
     expected_status,
     expected_statuses,

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SGLANG_VERSION, expected_status, expected_statuses, requires_sglang, run_cli
+from releases import SGLANG_VERSION
+from support import expected_status, expected_statuses, requires_sglang, run_cli
 
 pytestmark = requires_sglang
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import affected_only
+from support import affected_only
 
 from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, load_config
 from sglang_dp_mtp_fix.harness.draft_counts import COUNTS, PAIRS, gather_answers, release_rows, server_args

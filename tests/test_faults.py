@@ -9,7 +9,7 @@ its module is imported; the session has imported the DSA modules, so it is check
 code its post-import hook runs) is its own transaction: a fault leaves *that* patch stock, by identity, with one
 WARNING line, and the other patches keep their outcome (the hook itself, in fresh processes: ``test_deferred.py``).
 Combinations that cannot apply to a target kind are skipped with the reason in the skip message (``-rs``);
-``conftest.py`` counts and lists the cases at the end of the run.
+``fault_summary.py`` counts and lists the cases at the end of the run.
 
 How a fault is made (SGLang itself is never edited on disk; ``monkeypatch`` undoes every change):
   * missing / renamed: the attribute (ADD targets: the class that would receive the new attribute) is deleted
@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SGLANG_VERSION, affected_only
+from releases import SGLANG_VERSION
+from support import affected_only
 
 from sglang_dp_mtp_fix import cli
 from sglang_dp_mtp_fix import fingerprint as fp
@@ -49,7 +50,7 @@ from sglang_dp_mtp_fix.patches import all_patches
 pytestmark = affected_only
 
 FAULTS = ("missing", "renamed", "signature", "drifted", "raising", "foreign_hook")
-FAULT_PROPERTY = "fault_injection"  # user property read by conftest's terminal summary
+FAULT_PROPERTY = "fault_injection"  # user property read by fault_summary.py
 
 
 def not_applicable(target: Target, fault: str) -> str | None:

@@ -1,7 +1,7 @@
 """Loading through SGLang's own ``load_plugins()`` in pristine processes: selection, modes, skip lists, bad values,
 strict stops, double load, and the report line.
 
-Each case runs in a child forked from the pristine forkserver (``conftest.run_python``: SGLang's scheduler modules
+Each case runs in a child forked from the pristine forkserver (``support.run_python``: SGLang's scheduler modules
 imported, the plugin never loaded), as a scheduler process is when SGLang calls ``load_plugins()``. Fresh
 interpreters only where import order is the subject: ``test_selected_by_sglang_plugins[fresh-interpreter]`` (the
 plugin loaded before any scheduler module, as in the launcher process)."""
@@ -9,15 +9,8 @@ plugin loaded before any scheduler module, as in the launcher process)."""
 from __future__ import annotations
 
 import pytest
-from conftest import (
-    SGLANG_VERSION,
-    VOTE_GROUP,
-    expected_status,
-    expected_statuses,
-    last_json,
-    requires_sglang,
-    run_python,
-)
+from releases import SGLANG_VERSION
+from support import VOTE_GROUP, expected_status, expected_statuses, last_json, requires_sglang, run_python
 
 pytestmark = requires_sglang
 

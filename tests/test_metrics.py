@@ -4,7 +4,7 @@ setup), the directory read back by the collector SGLang's /metrics uses. The rea
 from __future__ import annotations
 
 import pytest
-from conftest import affected_only
+from support import affected_only
 from test_stats import SCRIPT, SEEDED
 
 from sglang_dp_mtp_fix import metrics

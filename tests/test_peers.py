@@ -17,7 +17,7 @@ import traceback
 from typing import Any
 
 import pytest
-from conftest import affected_only
+from support import affected_only
 
 from sglang_dp_mtp_fix import peers
 from sglang_dp_mtp_fix.core import Outcome, Status

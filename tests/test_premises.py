@@ -24,7 +24,7 @@ import ast
 import inspect
 
 import pytest
-from conftest import affected_only
+from support import affected_only
 
 pytestmark = affected_only
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from conftest import affected_only
+from support import affected_only
 
 from sglang_dp_mtp_fix.harness.decode_round import RoundResult
 from sglang_dp_mtp_fix.harness.fuzz import PAIRS, check_round, run_property

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import affected_only
+from support import affected_only
 
 from sglang_dp_mtp_fix import cli, recorder
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
@@ -115,8 +115,8 @@ def test_mixed_group_names_the_rank_without_a_file(rank_pool, tmp_path):
 
 
 def test_unset_builds_no_recording_code_and_creates_nothing(restored, tmp_path, monkeypatch):
-    from conftest import expected_status
     from sglang.srt.managers.scheduler_components import dp_attn
+    from support import expected_status
 
     if expected_status() != "applied":
         pytest.skip("the vote is not applied on this release")
@@ -139,7 +139,7 @@ def test_unset_builds_no_recording_code_and_creates_nothing(restored, tmp_path, 
 
 
 def test_a_refused_directory_is_one_warning_and_strict_stops(restored, tmp_path, monkeypatch, caplog):
-    from conftest import expected_status
+    from support import expected_status
 
     from sglang_dp_mtp_fix.plugin import StrictModeAbort
 

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import expected_status, last_json, requires_sglang, run_python
+from support import expected_status, last_json, requires_sglang, run_python
 
 from sglang_dp_mtp_fix import report
 from sglang_dp_mtp_fix.config import REPORT_DIR_ENV, Config, Mode

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SGLANG_VERSION, expected_status, requires_sglang, run_cli
+from releases import SGLANG_VERSION
+from support import expected_status, requires_sglang, run_cli
 
 from sglang_dp_mtp_fix.harness.pool import START_ENV
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import affected_only
+from support import affected_only
 
 from sglang_dp_mtp_fix.config import MODE_ENV, load_config
 from sglang_dp_mtp_fix.patches import PATCH_IDS

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import affected_only
+from support import affected_only
 
 from sglang_dp_mtp_fix import stats
 

@@ -1,7 +1,7 @@
 """The compatibility table (docs/compatibility.md), generated from what the plugin decides on each release's code.
 
-Input: the ``doctor --json`` of every release the test matrix ran (``tools/test-matrix.sh`` leaves one per release in
-``build/test-results/doctor-<release>.json``, written by the test session itself: ``tests/conftest.py``). Output: a
+Input: the ``doctor --json`` of every release the test matrix ran (``tools/test-matrix.sh`` runs it in each release's
+venv after that release's tests and leaves it in ``build/test-results/doctor-<release>.json``). Output: a
 Markdown table (release x patch -> outcome) and the reason for every outcome other than ``applied``, between the
 ``<!-- compat-table:begin -->`` / ``<!-- compat-table:end -->`` markers of docs/compatibility.md (the README
 links there and keeps a short form).
@@ -18,10 +18,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' release lists (plain data): the table covers the whole matrix
+
+from releases import MATRIX  # noqa: E402
+
 TABLE_PAGE = ROOT / "docs" / "compatibility.md"
 BEGIN, END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
-# Every release tools/test-matrix.sh runs by default: the table must cover each of them.
-MATRIX = ("0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.23")
 
 
 def release_key(release: str) -> tuple[int, ...]:
@@ -34,7 +36,7 @@ def load(results: Path) -> dict[str, dict[str, object]]:
     for path in sorted(results.glob("doctor-*.json")):
         data = json.loads(path.read_text())
         found[str(data["sglang_version"])] = data
-    missing = [r for r in MATRIX if r not in found]
+    missing = sorted((r for r in MATRIX if r not in found), key=release_key)
     if missing:
         raise SystemExit(f"compat_table: no doctor --json for {', '.join(missing)} in {results} (run the matrix)")
     return found

@@ -14,9 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "launch"))
-
-from launchlib import PROMPTS, SGLANG_VERSION, base_env, gaps_pythonpath, start_server  # noqa: E402
+from launchlib import PROMPTS, SGLANG_VERSION, base_env, gaps_pythonpath, start_server
 
 # "[2026-12-02 15:27:07 DP0 TP0] message": schedulers carry SGLang's DP/TP prefix, the launcher none.
 LINE = re.compile(r"^\[[^\]]*?(?: (?P<who>DP\d+ TP\d+))?\] (?P<msg>sglang-dp-mtp-fix.*)$")

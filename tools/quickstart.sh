@@ -9,7 +9,7 @@ echo "Building a CPU venv with stock SGLang $V + sglang-dp-mtp-fix (first time: 
 E=$("$ROOT/tools/mkvenv.sh" "$V" | tail -1)
 echo "venv: $E" >&2
 cd "$ROOT"
-noise="[Ww]arn|CUDA arch|AMX|chunked prefill|DEEPEP|return func"
-SGLANG_PLUGINS=${SGLANG_PLUGINS:-dp_mtp_fix} "$E/bin/sglang-dp-mtp-fix" doctor 2> >(grep -vE "$noise" >&2) || true
+source tools/sglang-noise.sh
+SGLANG_PLUGINS=${SGLANG_PLUGINS:-dp_mtp_fix} "$E/bin/sglang-dp-mtp-fix" doctor 2> >(drop_sglang_noise >&2) || true
 echo
-"$E/bin/sglang-dp-mtp-fix" simulate "${@:2}" 2> >(grep -vE "$noise" >&2)
+"$E/bin/sglang-dp-mtp-fix" simulate "${@:2}" 2> >(drop_sglang_noise >&2)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The whole test matrix: every supported SGLang release, real and unmodified, on CPU (one lean venv each).
-# Usage: tools/test-matrix.sh [RELEASE ...]     (default: all; SGLANG_RELEASES="..." works too)
+# Usage: tools/test-matrix.sh [RELEASE ...]     (default: all, tests/releases.py MATRIX; SGLANG_RELEASES="..." works too)
 # The next release's venv builds in the background while the current release's tests run (one build at a time,
 # pip's cache shared across releases). Each release prints its venv build time, how long the tests waited for it,
-# its test time and its slowest tests; the closing lines give the whole run's time.
+# its test time and its slowest tests; the closing lines give the whole run's time. After its tests, each release's
+# `doctor --json` is left in $OUT for tools/compat_table.py.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-DEFAULT="0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.23 0.5.15"
+DEFAULT=$(python3 -c 'import sys; sys.path.insert(0, "tests"); from releases import MATRIX; print(*MATRIX)') || {
+  echo "!!! could not read the release matrix from tests/releases.py"; exit 1; }
 read -ra RELEASES <<< "${*:-${SGLANG_RELEASES:-$DEFAULT}}"
 OUT=${SGLANG_DP_MTP_FIX_TEST_OUT:-$ROOT/build/test-results}
 VLOG="$OUT/venv-logs"
@@ -16,11 +18,11 @@ run_t0=$(date +%s)
 failed=()
 timings=()
 
-# Free space first: each release's venv takes ~2.6 GB. A full disk otherwise shows up as an ensurepip error in the
-# middle of the run (seen once), with the releases before it green.
+# Free space first: each release's venv takes ~2.6 GB. A full disk would otherwise show up as an ensurepip error in
+# the middle of the run, with the releases before it green.
 VENV_ROOT=${SGLANG_DP_MTP_FIX_VENVS:-$HOME/.cache/sglang-dp-mtp-fix/venvs}
 mkdir -p "$VENV_ROOT"
-RECIPE_ID=$(sed -n 's/^RECIPE_ID=\(r[0-9]*\).*/\1/p' tools/mkvenv.sh)
+RECIPE_ID=$(tools/mkvenv.sh --recipe-id)
 to_build=0
 for v in "${RELEASES[@]}"; do [[ -f "$VENV_ROOT/sglang-$v-$RECIPE_ID/.complete" ]] || to_build=$((to_build + 1)); done
 need_mb=$(( to_build * 2700 + 2000 ))
@@ -36,6 +38,20 @@ build() {  # build one release's venv; leaves its path (on success) and its buil
   t0=$(date +%s)
   if tools/mkvenv.sh "$v" > "$VLOG/$v.log" 2>&1; then tail -1 "$VLOG/$v.log" > "$VLOG/$v.path"; fi
   echo $(( $(date +%s) - t0 )) > "$VLOG/$v.secs"
+}
+
+doctor_json() {  # doctor --json of the venv $1 into $2, run as from an operator's clean shell (no SGLANG_* variable)
+  local e=$1 out=$2 name rc
+  local -a clean=()
+  for name in $(compgen -e); do [[ $name == SGLANG_* ]] && clean+=(-u "$name"); done
+  env ${clean[@]+"${clean[@]}"} "$e/bin/sglang-dp-mtp-fix" doctor --json > "$out.tmp" 2> "$out.err"
+  rc=$?
+  if [[ $rc -le 1 && $(tr -d ' \t\n' < "$out.tmp" | head -c 1) == "{" ]]; then
+    mv "$out.tmp" "$out"
+  else
+    echo "doctor --json failed (rc=$rc); $out not written:"; tail -c 2000 "$out.err"; rm -f "$out.tmp"
+  fi
+  rm -f "$out.err"
 }
 
 build "${RELEASES[0]}" &
@@ -55,10 +71,11 @@ for i in "${!RELEASES[@]}"; do
   E=$(cat "$VLOG/$V.path")
   echo "=== SGLang $V: venv built in ${venv_s}s (the tests waited ${waited}s for it); running the tests"
   t0=$(date +%s)
-  if ! DP_MTP_FIX_TEST_DOCTOR_OUT="$OUT/doctor-$V.json" "$E/bin/python" -m pytest tests -q -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning \
+  if ! "$E/bin/python" -m pytest tests -q -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning \
         --durations=8 --junitxml="$OUT/sglang-$V.xml" -o junit_suite_name="sglang-$V"; then
     failed+=("$V")
   fi
+  doctor_json "$E" "$OUT/doctor-$V.json"
   test_s=$(( $(date +%s) - t0 ))
   echo "=== SGLang $V: tests done in ${test_s}s"
   timings+=("$V venv=${venv_s}s waited=${waited}s tests=${test_s}s")

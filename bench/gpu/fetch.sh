@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build the carried folder .gpucarry/ for bench/gpu/run.sh (run here, where PyPI is reachable). ~62 MB < 64 MiB.
-# Recipe: shared/research/gpu-feasibility.md (27 dependency wheels for the image's Python 3.12 + torch 2.11,
-# SGLang 0.5.17, sglang-kernel 0.4.5 trimmed to sm90, flashinfer stand-in) + this plugin as a wheel.
+# Recipe (bench/gpu/README.md): 27 dependency wheels for the image's Python 3.12 + torch 2.11, SGLang 0.5.17,
+# sglang-kernel 0.4.5 trimmed to sm90, a flashinfer stand-in, and this plugin as a wheel.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); cd "$ROOT"
+# The GPU probe kit (its wheels.txt and stubs/) is kept beside the repository, not in it.
 R=/work/shared/research/gpu-probe; [[ -d $R ]] || R=../shared/research/gpu-probe
 P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp"
 for n in 28 27 17 24 31 34 35 39; do P="$P --platform manylinux_2_${n}_x86_64"; done

@@ -12,20 +12,8 @@ import os
 import re
 
 import pytest
-from launch_fixtures import gaps_path, launch_timings, launch_tmp  # noqa: F401 - fixtures
-from launchlib import (
-    AFFECTED,
-    FULL,
-    LAUNCHES_HERE,
-    NEW_TOKENS,
-    NOT_YET,
-    PLUGIN_OUTPUT,
-    PROMPTS,
-    SGLANG_VERSION,
-    STAND_DOWN,
-    base_env,
-    serve,
-)
+from launchlib import NEW_TOKENS, PLUGIN_OUTPUT, PROMPTS, base_env, serve
+from releases import AFFECTED, FULL, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION, STAND_DOWN
 
 from sglang_dp_mtp_fix.patches import PATCH_IDS
 

@@ -8,19 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_fixtures import gaps_path, launch_timings, launch_tmp  # noqa: F401 - fixtures
-from launchlib import (
-    DIST_INIT_PORT_SPAN,
-    FULL,
-    LAUNCHES_HERE,
-    NOT_YET,
-    READY,
-    SGLANG_VERSION,
-    base_env,
-    free_port_block,
-    release_reads,
-    start_server,
-)
+from launchlib import DIST_INIT_PORT_SPAN, READY, base_env, free_port_block, release_reads, start_server
+from releases import FULL, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION
 
 pytestmark = [
     pytest.mark.skipif(

@@ -28,19 +28,8 @@ from pathlib import Path
 
 import pytest
 import soaklib
-from launch_fixtures import gaps_path, launch_timings, launch_tmp  # noqa: F401 - fixtures
-from launchlib import (
-    AFFECTED,
-    FULL,
-    LAUNCHES_HERE,
-    METRICS,
-    NOT_YET,
-    SGLANG_VERSION,
-    SHAPE,
-    base_env,
-    post_generate,
-    start_server,
-)
+from launchlib import METRICS, SHAPE, base_env, post_generate, start_server
+from releases import AFFECTED, FULL, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION
 
 pytestmark = [
     pytest.mark.skipif(

@@ -7,7 +7,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
-from conftest import affected_only
+from support import affected_only
 
 from sglang_dp_mtp_fix.harness.pool import RankError
 from sglang_dp_mtp_fix.patches import draft_graph_vote as dgv

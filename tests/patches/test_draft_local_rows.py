@@ -33,7 +33,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import AFFECTED, SGLANG_VERSION, requires_sglang
+from releases import AFFECTED, SGLANG_VERSION
+from support import requires_sglang
 
 from sglang_dp_mtp_fix.core import Resolved
 from sglang_dp_mtp_fix.patches import draft_local_rows as dlr

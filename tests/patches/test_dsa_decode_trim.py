@@ -34,7 +34,7 @@ import types
 
 import pytest
 import torch
-from conftest import affected_only
+from support import affected_only
 
 pytestmark = affected_only
 

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import SGLANG_VERSION, affected_only
+from releases import SGLANG_VERSION
+from support import affected_only
 
 from sglang_dp_mtp_fix.patches import dsa_idle_index as patch
 

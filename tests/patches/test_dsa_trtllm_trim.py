@@ -25,7 +25,7 @@ import types
 
 import pytest
 import torch
-from conftest import affected_only
+from support import affected_only
 
 pytestmark = affected_only
 
@@ -311,7 +311,7 @@ def test_unimportable_dsa_backend_stands_this_patch_down_alone():
     (the lent GPU host without deep_gemm hit this). Loading the plugin never imports it, so the patch stays
     not-loaded (its hook never fires: the import fails) and the DP draft vote is applied; doctor, which imports it to
     say what the hook would decide, reports it not-affected."""
-    from conftest import expected_statuses, last_json, run_python
+    from support import expected_statuses, last_json, run_python
 
     proc = run_python(
         """

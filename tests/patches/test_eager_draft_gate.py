@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import affected_only
+from support import affected_only
 
 pytestmark = affected_only
 

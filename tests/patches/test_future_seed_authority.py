@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import affected_only
+from support import affected_only
 
 pytestmark = affected_only
 

@@ -148,7 +148,7 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_DP_MTP_FIX", "SGLANG_PLUGINS"))}
         env.update(MULTICAST_OFF, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
                    SGLANG_PLUGINS="dp_mtp_fix")  # fmt: skip
-        if CPU:  # the launch tier's CPU set-up (tests/launch/launchlib.py)
+        if CPU:  # the launch tier's CPU set-up (tools/launchlib.py)
             env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_CPU_OMP_THREADS_BIND="0|1", LAUNCH_CPU_ATTN_OPS="1",
                        SGLANG_PLUGINS="dp_mtp_fix,launch_cpu_gaps")  # fmt: skip
             env["PYTHONPATH"] = os.environ["DRIVE_CPU_PATH"] + ":" + env.get("PYTHONPATH", "")

@@ -1,17 +1,18 @@
-"""Fixtures of the launch tier (helpers and the why: ``launchlib``); launches are shared by a module's scenarios.
-
-Not a ``conftest.py``: the suite imports its root ``conftest`` by module name (``from conftest import ...``), and a
-second ``conftest.py`` under ``tests/launch`` would take that name for every module collected after it. The test
-modules import these fixtures; the root conftest prints the timings."""
+"""Fixtures of the launch tier (helpers and the why: ``tools/launchlib.py``); launches are shared by a module's
+scenarios. The tier's wall times are printed at the end of the run."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from launchlib import SGLANG_VERSION, gaps_pythonpath
+from launchlib import gaps_pythonpath
+from releases import SGLANG_VERSION
+
+_TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="session")
@@ -30,13 +31,11 @@ def launch_timings():
         _TIMINGS.update(timings)
 
 
-_TIMINGS: dict[str, float] = {}  # read by the root conftest's terminal summary
-
-
-def timings_line() -> str | None:
-    return f"launch tier timings on SGLang {SGLANG_VERSION} (s): {json.dumps(_TIMINGS)}" if _TIMINGS else None
-
-
 @pytest.fixture(scope="session")
 def launch_tmp(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("launch")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _TIMINGS:
+        terminalreporter.write_line(f"launch tier timings on SGLang {SGLANG_VERSION} (s): {json.dumps(_TIMINGS)}")

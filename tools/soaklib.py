@@ -1,14 +1,14 @@
 """Soak: sustained PD-decode traffic on a real launch of the tier's shape, with soak-forced eager rounds (the vote
-probe, ``probes/launch_vote_probe``, point 4) and malformed requests, then the checks. Shared by ``bench/soak.py``
-(on demand: >= 2,019 decode batches per rank, plugin on and off) and the launch tier's short soak
-(``test_vote_probe.py``: ~200, one release, inside c's patched launch).
+probe, ``tests/launch/probes/launch_vote_probe``, point 4) and malformed requests, then the checks. In tools/, beside
+``launchlib``, because both ``bench/soak.py`` (on demand: >= 2,019 decode batches per rank, plugin on and off) and
+the launch tier's short soak (``tests/launch/test_vote_probe.py``: ~200, one release, inside c's patched launch) use it.
 
 Traffic: 1-16 requests in flight (the target concurrency changes every few completions), each routed to a DP rank
-(mostly the one with fewer in flight, else at random; the 0.5.20 long soak of 2026-12-02 drew every rank at random),
-with its own ``max_new_tokens`` and prompt; a new request starts whenever one finishes (arrivals
-while others decode), until every rank has run the asked number of decode batches (counted from the probe's records
-as they are written). Every ``malformed_every`` requests one malformed request, in turn: a bad JSON body, no
-``bootstrap_room``, ``max_new_tokens`` 0; SGLang's answer is recorded as it comes.
+(mostly the one with fewer in flight, else at random), with its own ``max_new_tokens`` and prompt; a new request
+starts whenever one finishes (arrivals while others decode), until every rank has run the asked number of decode
+batches (counted from the probe's records as they are written). Every ``malformed_every`` requests one malformed
+request, in turn: a bad JSON body, no ``bootstrap_room``, ``max_new_tokens`` 0; SGLang's answer is recorded as it
+comes.
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launchlib import HERE
+from launchlib import LAUNCH_DIR
 
 FORCE_RID = "soak-"  # the probe forces rounds only for batches holding such a request (its default prefix)
 MALFORMED = ("bad_json", "no_bootstrap_room", "max_new_tokens_0")
-# SGLang's answers (read from 0.5.17's and 0.5.20's source; seen in the 0.5.20 soaks): a body that is not JSON is
+# SGLang's answers (read from 0.5.17's and 0.5.20's source): a body that is not JSON is
 # refused by FastAPI's validation (400, SGLang's error object "JSON decode error"); with the fake transfer backend the
 # tokenizer manager gives a request without bootstrap_room a room of its own (fake_bootstrap_room_counter) and serves
 # it (200, its 8 tokens); max_new_tokens 0 passes SamplingParams.verify ("at least 0"): 200 with 0 tokens.
 MALFORMED_ANSWER = {"bad_json": {400}, "no_bootstrap_room": {200}, "max_new_tokens_0": {200}}
 NEW_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-# Scheduler RSS may grow this much from the soak's start to its end (the trial of 180 s grew 16 MB: allocator
-# warm-up of new batch shapes); a leak per request or per round would pass it within a few hundred rounds.
+# Scheduler RSS may grow this much from the soak's start to its end (allocator warm-up of new batch shapes grows it
+# by a few MB); a leak per request or per round would pass it within a few hundred rounds.
 RSS_GROWTH_MB = 64
 PLUGIN_METRIC = "sglang:dp_mtp_fix_"
 
@@ -46,7 +46,7 @@ def probe_pythonpath(gaps: str, tmp: Path) -> str:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: launch-vote-probe\nVersion: 0.0.0\n")
     (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nlaunch_vote_probe = launch_vote_probe:register\n")
-    return os.pathsep.join([gaps, str(HERE / "probes"), str(tmp)])
+    return os.pathsep.join([gaps, str(LAUNCH_DIR / "probes"), str(tmp)])
 
 
 def force_env(rate: float, seed: int) -> dict[str, str]:

@@ -1,14 +1,16 @@
-"""Launch tier helpers: real ``python -m sglang.launch_server`` processes on CPU, in the seed's shape (DP attention,
-PD decode with the fake transfer backend, NEXTN MTP speculative decoding), dummy weights, a local tokenizer, HTTP on
-127.0.0.1 only.
+"""Launch helpers: real ``python -m sglang.launch_server`` processes on CPU, in the seed's shape (DP attention, PD
+decode with the fake transfer backend, NEXTN MTP speculative decoding), dummy weights, a local tokenizer, HTTP on
+127.0.0.1 only. In tools/ because the launch tier (``tests/launch``), ``tools/launch_demo.py`` and ``bench/`` all
+start these servers; the tests read it from here (pyproject's pytest ``pythonpath``), never the other way round.
 
 Every server runs in its own process group (``start_new_session``); waits are bounded; a finalizer stops the group
 (SIGTERM, then SIGKILL) so no server outlives its fixture. Launches are module-scoped and shared between scenarios.
 
 Stand-ins (only where nothing real can run here; each file says why): ``stubs/sgl_kernel`` (SGLang's CPU kernels need
-an AVX-512/AMX source build) and ``cpu_gaps/launch_cpu_gaps`` (the CPU-only gaps of the torch_native path), the
-latter registered as an SGLang plugin through a dist-info written into a temp dir on PYTHONPATH, never into the venv.
-The plugin under test is the installed ``sglang-dp-mtp-fix``, loaded by SGLang's own ``load_plugins()``.
+an AVX-512/AMX source build) and ``cpu_gaps/launch_cpu_gaps`` (the CPU-only gaps of the torch_native path), both
+under ``tests/launch``, the latter registered as an SGLang plugin through a dist-info written into a temp dir on
+PYTHONPATH, never into the venv. The plugin under test is the installed ``sglang-dp-mtp-fix``, loaded by SGLang's own
+``load_plugins()``. Which releases the tier runs on: ``tests/releases.py``.
 """
 
 from __future__ import annotations
@@ -35,32 +37,12 @@ try:
     SGLANG_VERSION: str | None = version("sglang")
 except PackageNotFoundError:
     SGLANG_VERSION = None
-AFFECTED = ("0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20")
-SUPERSEDED = ("0.5.21", "0.5.22", "0.5.23")
-# All of a-g here (the distinct shapes of the vote path's code); a and g on the other affected releases.
-FULL = ("0.5.15.post1", "0.5.17", "0.5.20")
-# f: the plugin stands down (superseded / not affected).
-STAND_DOWN = ("0.5.23", "0.5.15")
-# Releases whose launch in this shape has been made to run here. The others stop in SGLang's CPU path before the
-# plugin matters, so their scenarios skip, naming why:
-LAUNCHES_HERE = ("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.23")
-if os.environ.get("LAUNCH_TIER_TRY") and SGLANG_VERSION:  # developers: try the tier on a release not listed yet
-    LAUNCHES_HERE = (*LAUNCHES_HERE, SGLANG_VERSION)
-NOT_YET = {
-    "0.5.15.post1": "scheduler start: 'RuntimeError: 0 active drivers ([]). There should only be one.' (the KV pool's "
-    "Triton warm-up, copy_all_layer_kv_cache_tiled, runs on every device); with that stood in (tried, not kept): "
-    "'ValueError: EAGLE is not supported in decode attention backend intel_amx' - 0.5.15.post1 has no EAGLE/NEXTN "
-    "draft attention backend for CPU at all (IntelAMXMultiStepDraftBackend arrives in 0.5.16), which no stand-in "
-    "of a kernel can supply",
-    "0.5.15": "not launched: like 0.5.15.post1 it has no EAGLE/NEXTN draft attention backend for CPU (its "
-    "speculative/draft_utils.py raises 'EAGLE is not supported in decode attention backend intel_amx' for the CPU "
-    "backends; IntelAMXMultiStepDraftBackend arrives in 0.5.16), read from its source",
-}
 
-HERE = Path(__file__).resolve().parent
-MODEL = HERE / "models" / "tiny-qwen3-moe"
+# The stand-ins, probes and model the servers load.
+LAUNCH_DIR = Path(__file__).resolve().parent.parent / "tests" / "launch"
+MODEL = LAUNCH_DIR / "models" / "tiny-qwen3-moe"
 READY = "The server is fired up and ready to roll"
-READY_TIMEOUT_S = float(os.environ.get("LAUNCH_READY_TIMEOUT", "480"))  # 2 busy shared cores: up to ~5 min seen
+READY_TIMEOUT_S = float(os.environ.get("LAUNCH_READY_TIMEOUT", "480"))  # start-up takes minutes on 2 busy shared cores
 
 SHAPE = [
     "--model-path", str(MODEL), "--load-format", "dummy", "--device", "cpu", "--host", "127.0.0.1",
@@ -93,8 +75,8 @@ PD_DECODE = [
 ]  # fmt: skip
 # b (no harm) compares tokens across launches, so it runs without PD decode: the fake transfer backend moves nothing
 # (FakeKVReceiver.poll reports success at once), so the prompt's KV cache and the first token on a decode node are
-# whatever those buffers held, and differ from launch to launch whatever the plugin does (seen: every first token
-# differed between three PD launches). Without PD the server computes the prompt itself; the rest of the shape stays.
+# whatever those buffers held, and differ from launch to launch whatever the plugin does. Without PD the server
+# computes the prompt itself; the rest of the shape stays.
 NO_PD = "no-pd"
 
 # Greedy requests sent to every launch that serves (b compares them token by token across launches).
@@ -105,7 +87,7 @@ REPORT_LINE = re.compile(r"^\[(?P<prefix>[^\]]*)\] (?P<line>sglang-dp-mtp-fix \d
 RANK_PREFIX = re.compile(r" DP(\d+) TP(\d+)$")
 # Anything the plugin itself writes to a log: each of its lines starts "sglang-dp-mtp-fix " or "sglang-dp-mtp-fix:"
 # and a traceback through it names its package. A bare substring would also match a path such as the test venvs'
-# ~/.cache/sglang-dp-mtp-fix/venvs/... in SGLang's own warnings (the CI failure of stop 16).
+# ~/.cache/sglang-dp-mtp-fix/venvs/... in SGLang's own warnings.
 PLUGIN_OUTPUT = re.compile(r"sglang-dp-mtp-fix[ :]|sglang_dp_mtp_fix")
 
 
@@ -131,8 +113,8 @@ def _ephemeral_port_range() -> tuple[int, int]:
 def _base_port_candidate(room: int) -> int:
     """A random port ``p`` with ``p .. p + room`` outside the kernel's ephemeral range (``free_port_block`` checks
     that they are free). A port from that range (what binding to port 0 returns) can be handed to any outgoing
-    connection as its local port in the half minute before SGLang binds it: CI saw node 0's DP-attention handshake
-    fail with ``ZMQError: Address already in use`` on such a port, checked free when it was picked."""
+    connection as its local port in the half minute before SGLang binds it, and SGLang's bind then fails with
+    ``ZMQError: Address already in use`` although the port was free when it was picked."""
     low, high = _ephemeral_port_range()
     ranges = [(lo, hi) for lo, hi in ((10000, low - room), (high + 1, 65535 - room)) if hi > lo]
     if not ranges:
@@ -144,8 +126,8 @@ def _base_port_candidate(room: int) -> int:
 # The ports SGLang derives, as offsets from the port it is given. From --port: the HTTP port and those above it, and,
 # with DP attention and no --dist-init-addr, its ZMQ ports from port + 233 (ZMQ_TCP_PORT_DELTA) up. From
 # --dist-init-addr: dist_init_port itself, port_base and the five above it (+1 .. +6), and the DP-attention
-# handshake of node 0 at +13 (DP_ATTENTION_HANDSHAKE_PORT_DELTA). A port picked at random but not checked here once
-# made a non-zero node die at start-up, and node 0 then waited for its handshake forever.
+# handshake of node 0 at +13 (DP_ATTENTION_HANDSHAKE_PORT_DELTA). Each is checked free: a taken one makes a non-zero
+# node die at start-up, and node 0 then waits for its handshake forever.
 SERVER_PORT_SPAN = (*range(40), *range(233, 248))
 DIST_INIT_PORT_SPAN = tuple(range(14))
 
@@ -177,7 +159,7 @@ def gaps_pythonpath(tmp: Path) -> str:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: launch-cpu-gaps\nVersion: 0.0.0\n")
     (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nlaunch_cpu_gaps = launch_cpu_gaps:register\n")
-    return os.pathsep.join([str(HERE / "stubs"), str(HERE / "cpu_gaps"), str(tmp)])
+    return os.pathsep.join([str(LAUNCH_DIR / "stubs"), str(LAUNCH_DIR / "cpu_gaps"), str(tmp)])
 
 
 def base_env(gaps: str, **extra: str) -> dict[str, str]:
@@ -348,8 +330,8 @@ class Launch:
 
 
 # SGLang publishes its scheduler gauges (sglang:num_running_reqs, ...) only every --decode-log-interval decode batches
-# (default 40) or after 30 s idle, so whether they are on /metrics when scraped depended on the launch's timing (seen on
-# 0.5.19: present in one launch, absent in the next). Every decode batch publishes them with 1.
+# (default 40) or after 30 s idle, so whether they are on /metrics when scraped would depend on the launch's timing.
+# Every decode batch publishes them with 1.
 METRICS = ["--enable-metrics", "--decode-log-interval", "1"]
 
 
