@@ -151,7 +151,9 @@ def test_the_refusal_stands_where_the_patch_does_not_apply(monkeypatch, caplog):
     monkeypatch.setenv(SKIP_ENV, "draft_token_counts")
     monkeypatch.setenv(MODE_ENV, "auto")
     manager = plugin.PatchManager(plugin.all_patches())
-    manager.outcomes, _ = manager.plan(load_config(list(PATCH_IDS)))
+    from sglang_dp_mtp_fix.core import plan
+
+    manager.outcomes = plan(manager.patches, load_config(list(PATCH_IDS))).check_deferred_imported().outcomes
     with caplog.at_level(logging.INFO, logger="sglang_dp_mtp_fix"):
         plugin.check_startup_hazards(scheduler, load_config(list(PATCH_IDS)), manager)
     lines = [r.getMessage() for r in caplog.records if "--speculative-moe-a2a-backend" in r.getMessage()]
