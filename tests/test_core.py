@@ -331,3 +331,52 @@ def test_outcomes_say_what_held_a_patch_back(restored):
     rolled = [o for o in manager.apply(Config()) if o.status is Status.UNSUPPORTED]
     assert rolled and all(o.held_back is HeldBack.ROLLED_BACK for o in rolled)
     assert _snapshot() == before
+
+
+@requires_sglang
+def test_the_scheduler_seam_is_recorded_under_the_manager_lock(tmp_path, monkeypatch):
+    """While a deferred patch is checked and applied from its post-import hook (under the manager's lock), the
+    plugin's ``Scheduler.__init__`` seam waits for that transaction instead of changing the manager beside it."""
+    import threading
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_dp_mtp_fix import plugin, report
+    from sglang_dp_mtp_fix.core import Patch
+
+    inside, go = threading.Event(), threading.Event()
+    module = "dp_mtp_fix_slow_probe_module"
+
+    class Slow(Patch):
+        id = "slow_probe"
+        deferred_until_import = module
+
+        def check_imported(self) -> None:
+            inside.set()
+            go.wait(30)
+            raise TargetProblem("probe done")
+
+    (tmp_path / f"{module}.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    original = Scheduler.__dict__["__init__"]
+    manager, config = PatchManager([Slow()]), Config()
+    outcomes = manager.apply(config)
+    importer = threading.Thread(target=importlib.import_module, args=(module,))
+    seam = threading.Thread(
+        target=plugin._after_scheduler_init, args=(manager, outcomes, config, report.PendingLine(lambda: None))
+    )
+    importer.start()
+    try:
+        assert inside.wait(30)
+        seam.start()
+        seam.join(0.5)
+        waited = seam.is_alive()
+    finally:
+        go.set()
+        importer.join(30)
+        if seam.is_alive() or seam.ident is not None:
+            seam.join(30)
+        manager.restore()
+        sys.modules.pop(module, None)
+    assert waited, "the seam was recorded while the manager's transaction held its lock"
+    assert Scheduler.__dict__["__init__"] is original

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,6 +49,9 @@ class ChangeSet:
 
     def __bool__(self) -> bool:
         return bool(self._changes)
+
+    def __iter__(self) -> Iterator[ChangeRecord]:
+        return iter(self.records())
 
     def records(self) -> list[ChangeRecord]:
         return [ChangeRecord(ch.owner, ch.attr, ch.original, ch.patch_id) for ch in self._changes]
@@ -152,6 +155,23 @@ def apply_patch(changes: ChangeSet, patch: Patch, resolved: dict[Target, Resolve
         except (AttributeError, TypeError):
             pass  # plain values (class defaults) carry no marker
         changes.replace(res.owner, res.attr, new, patch.id, original=original, own=res.own)
+
+
+def apply_transaction(
+    changes: ChangeSet, todo: Sequence[tuple[Patch, dict[Target, Resolved]]], config: Config
+) -> dict[str, str]:
+    """Apply the patches of ``todo``, re-point the copies and verify, as one step; returns the fingerprints of the
+    patched code (target name -> fingerprint). Raises on any problem: the caller undoes those patches."""
+    for patch, resolved in todo:
+        apply_patch(changes, patch, resolved, config)
+    ids = {patch.id for patch, _ in todo}
+    changes.rebind_copies(ids)
+    changes.verify(ids)
+    return {t.name: r.fingerprint for _, res in todo for t, r in res.items() if r.fingerprint}
+
+
+def rolled_back_reason(exc: Exception) -> str:
+    return f"application failed and was rolled back: {type(exc).__name__}: {exc}"
 
 
 def _sglang_modules() -> Iterable[Any]:

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sglang_dp_mtp_fix.config import Config
-from sglang_dp_mtp_fix.core.changes import ChangeRecord, ChangeSet, apply_patch
+from sglang_dp_mtp_fix.core.changes import ChangeRecord, ChangeSet, apply_transaction, rolled_back_reason
 from sglang_dp_mtp_fix.core.checks import check_deferred_patch, source_digest
 from sglang_dp_mtp_fix.core.deferred import DeferredPatches
-from sglang_dp_mtp_fix.core.model import HeldBack, Outcome, Patch, Resolved, Status, Target, unsupported
+from sglang_dp_mtp_fix.core.model import HeldBack, Outcome, Patch, Status, unsupported
 from sglang_dp_mtp_fix.core.planning import groups, plan
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
@@ -68,19 +68,14 @@ class PatchManager:
                 return self.outcomes
             planned = plan(self.patches, config)
             try:
-                for p in self.patches:
-                    if p.id in planned.resolved:
-                        apply_patch(self._changes, p, planned.resolved[p.id], config)
-                self._changes.rebind_copies()
-                self._changes.verify()
-                self.fingerprints = _fingerprints(planned.resolved.values())
+                todo = [(p, planned.resolved[p.id]) for p in self.patches if p.id in planned.resolved]
+                self.fingerprints = apply_transaction(self._changes, todo, config)
             except Exception as exc:  # noqa: BLE001 - roll back and stay stock
                 self.restore()
                 planned.deferred.clear()
-                reason = f"application failed and was rolled back: {type(exc).__name__}: {exc}"
                 for o in planned.outcomes:
                     if o.status in (Status.APPLIED, Status.NOT_LOADED):
-                        o.hold_back(HeldBack.ROLLED_BACK, reason)
+                        o.hold_back(HeldBack.ROLLED_BACK, rolled_back_reason(exc))
             self.outcomes = planned.outcomes
             self._deferred.generation += 1
             for p in planned.deferred:
@@ -88,31 +83,23 @@ class PatchManager:
             return planned.outcomes
 
     def _deferred_imported(self, patch: Patch, config: Config, generation: int, from_hook: bool) -> None:
-        outcome = self._apply_deferred(patch, config, generation)
-        if outcome is not None and from_hook and self.on_deferred is not None:
-            self.on_deferred(patch, outcome)  # may raise StrictModeAbort: the import fails, the process stops
-
-    def _apply_deferred(self, patch: Patch, config: Config, generation: int) -> Outcome | None:
-        """Check and apply one deferred patch as its own transaction; updates its Outcome in place (the object in
-        ``self.outcomes``, so the held report line and the cross-rank check see it). None when restored since."""
+        """Check and apply one deferred patch as its own transaction, and update its Outcome in place (the held
+        report line and the cross-rank check read that object). Nothing when restored since it was armed."""
         with self._lock:
             if not self._deferred.is_current(generation) or self.outcomes is None:
-                return None
+                return
             self._deferred.fired(patch.id)
             outcome = next(o for o in self.outcomes if o.id == patch.id)
             new, res = check_deferred_patch(patch)
             if res is not None:
                 try:
-                    apply_patch(self._changes, patch, res, config)
-                    self._changes.rebind_copies({patch.id})
-                    self._changes.verify({patch.id})
-                    self.fingerprints.update(_fingerprints([res]))
+                    self.fingerprints.update(apply_transaction(self._changes, [(patch, res)], config))
                 except Exception as exc:  # noqa: BLE001 - roll this patch back, keep the others
                     self._changes.undo({patch.id})
-                    why = f"application failed and was rolled back: {type(exc).__name__}: {exc}"
-                    new = unsupported(patch.id, HeldBack.ROLLED_BACK, why)
+                    new = unsupported(patch.id, HeldBack.ROLLED_BACK, rolled_back_reason(exc))
             outcome.take(new)
-            return outcome
+        if from_hook and self.on_deferred is not None:
+            self.on_deferred(patch, outcome)  # may raise StrictModeAbort: the import fails, the process stops
 
     def peer_fingerprints(self) -> dict[str, str]:
         """What the start-up cross-rank check compares besides statuses: the fingerprints of the patched code, plus
@@ -159,7 +146,3 @@ class PatchManager:
                 if o.id in ids:
                     o.hold_back(HeldBack.STOOD_DOWN, reason)
         return not_restored
-
-
-def _fingerprints(resolved: Iterable[dict[Target, Resolved]]) -> dict[str, str]:
-    return {t.name: r.fingerprint for res in resolved for t, r in res.items() if r.fingerprint}
