@@ -68,24 +68,14 @@ def _after_undoing_passthrough(
     return command(request)
 
 
-def _plugin_changes(manager: Any) -> list[Any]:
-    """The plugin's changes: records with ``.owner``, ``.attr``, ``.original``, ``.patch_id``."""
-    changes = getattr(manager, "changes", None)
-    if changes is None:  # TODO(merge): PatchManager.changes() is public from #21; drop this fallback
-        return list(manager._changes)
-    return list(changes())
-
-
 def _passthrough_seams(request: rank.PluginRequest) -> dict[str, Any]:
     """The plugin is applied once to learn its seams, then restored; each seam that is a function is then wrapped by
     a wrapper that only calls the original (same seams, same number of frames, none of the plugin's work)."""
     from sglang_dp_mtp_fix import plugin as p
-    from sglang_dp_mtp_fix import stats
 
     p.register()
-    seams = [(ch.owner, ch.attr, ch.original, ch.patch_id or "plugin") for ch in _plugin_changes(p.get_manager())]
+    seams = [(ch.owner, ch.attr, ch.original, ch.patch_id or "plugin") for ch in p.get_manager().changes()]
     p.restore()
-    stats.activate(None)  # TODO(merge): restore() resets the counters itself
     names = []
     for owner, attr, original, patch_id in seams:
         bound = isinstance(original, classmethod)

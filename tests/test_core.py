@@ -12,7 +12,7 @@ from support import VOTE_GROUP, affected_only, expected_statuses, requires_sglan
 
 from sglang_dp_mtp_fix import fingerprint as fp
 from sglang_dp_mtp_fix.config import Config, Mode
-from sglang_dp_mtp_fix.core import MARKER, Kind, PatchManager, Status, Target, groups
+from sglang_dp_mtp_fix.core import MARKER, Kind, PatchManager, Status, Target, TargetProblem, groups, plan
 from sglang_dp_mtp_fix.patches import PATCH_IDS, all_patches
 
 pytestmark = requires_sglang
@@ -84,7 +84,7 @@ def test_committed_fingerprints_cover_this_release():
 
 def test_plan_changes_nothing():
     before = _snapshot()
-    outcomes, _ = PatchManager(all_patches()).plan(Config())
+    outcomes = plan(all_patches(), Config()).check_deferred_imported().outcomes
     assert {o.id: o.status.value for o in outcomes} == expected_statuses()
     assert _snapshot() == before
 
@@ -188,9 +188,8 @@ class _OneOfPatch:
 
         class OneOf(Patch):
             id = "one_of_probe"
-            summary = "probe"
 
-            def replacements(self, resolved):
+            def replacements(self, resolved, config):
                 return {}
 
         OneOf.targets = targets
@@ -208,13 +207,13 @@ def test_one_of_premise_needs_one_present_home():
         "sglang.srt.speculative.no_such_module", "prepare_for_draft", Kind.CHECK, required=False, one_of=label
     )
     gone_attr = Target(real.module, "no_such_function", Kind.CHECK, required=False, one_of=label)
-    outcomes, _ = PatchManager([_OneOfPatch.make(*present)]).plan(Config())
+    outcomes = plan([_OneOfPatch.make(*present)], Config()).outcomes
     assert outcomes[0].status is Status.APPLIED, outcomes
-    outcomes, _ = PatchManager([_OneOfPatch.make(gone_module, gone_attr)]).plan(Config())
+    outcomes = plan([_OneOfPatch.make(gone_module, gone_attr)], Config()).outcomes
     assert outcomes[0].status is Status.UNSUPPORTED, outcomes
     assert "prepare_for_draft is missing: none of its known homes is present" in outcomes[0].reason
     # a required target in a module that does not exist stays an import problem
-    outcomes, _ = PatchManager([_OneOfPatch.make(Target(gone_module.module, "f", Kind.CHECK))]).plan(Config())
+    outcomes = plan([_OneOfPatch.make(Target(gone_module.module, "f", Kind.CHECK))], Config()).outcomes
     assert outcomes[0].status is Status.UNSUPPORTED and "cannot be imported" in outcomes[0].reason
 
 
@@ -239,7 +238,7 @@ def test_a_wrapper_stacks_only_on_a_patch_it_requires(restored):
         id = "stranger"
         targets = (UPDATE_BATCH,)
 
-        def replacements(self, resolved):
+        def replacements(self, resolved, config):
             return {UPDATE_BATCH: lambda *a, **k: resolved[UPDATE_BATCH].raw(*a, **k)}
 
     before = _snapshot()
@@ -248,3 +247,137 @@ def test_a_wrapper_stacks_only_on_a_patch_it_requires(restored):
     assert "is wrapped by draft_graph_vote, which stranger does not require" in outcomes["stranger"].reason
     assert all(o.status is not Status.APPLIED for o in outcomes.values())
     assert _snapshot() == before and dp_attn._update_gather_batch is original
+
+
+@affected_only
+def test_stand_down_keeps_tracking_what_an_undo_step_could_not_reach(restored):
+    """``stand_down`` is an undo of those patches' changes only: if one step raises (here a module refuses to have
+    its ``from X import Y`` copy put back), every change not yet undone, the group's and the other patches', is still
+    tracked, and a later ``restore()`` puts all of it back by identity."""
+    dp_attn = importlib.import_module("sglang.srt.managers.scheduler_components.dp_attn")
+
+    class Stubborn(type(sys)):
+        refuse = False
+
+        def __setattr__(self, name: str, value: object) -> None:
+            if self.refuse and name == "_update_gather_batch":
+                raise RuntimeError("refused")
+            super().__setattr__(name, value)
+
+    holder = Stubborn("sglang._dp_mtp_fix_test_stubborn")
+    holder._update_gather_batch = dp_attn._update_gather_batch
+    sys.modules[holder.__name__] = holder
+    before = _snapshot()
+    try:
+        restored.register()
+        assert holder._update_gather_batch is dp_attn._update_gather_batch
+        holder.refuse = True
+        with pytest.raises(RuntimeError, match="refused"):
+            restored.get_manager().stand_down(VOTE_GROUP, "test")
+        holder.refuse = False
+        restored.restore()
+        assert _snapshot() == before  # every patch back, the ones applied beside the group included
+        assert holder._update_gather_batch is dp_attn._update_gather_batch
+    finally:
+        del sys.modules[holder.__name__]
+
+
+@affected_only
+def test_the_plugin_seam_goes_through_the_manager(restored):
+    """The plugin's ``Scheduler.__init__`` seam is a change of the manager (public ``changes()``, patch_id None),
+    made under its lock and put back by ``restore()``."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    original = Scheduler.__dict__["__init__"]
+    restored.register()
+    records = restored.get_manager().changes()
+    seams = [r for r in records if r.patch_id is None]
+    assert [(r.owner, r.attr, r.original) for r in seams] == [(Scheduler, "__init__", original)]
+    assert Scheduler.__dict__["__init__"] is not original
+    assert {r.patch_id for r in records} - {None} <= set(PATCH_IDS)
+    restored.restore()
+    assert Scheduler.__dict__["__init__"] is original and restored.get_manager().changes() == []
+
+
+@affected_only
+def test_outcomes_say_what_held_a_patch_back(restored):
+    """A group member's own problem: its outcome is held back by its own check, its group's by it (``blocked_by``),
+    and the other patches by the group (SGLang kept fully stock); an application that fails is rolled back."""
+    from sglang_dp_mtp_fix.core import HeldBack
+    from sglang_dp_mtp_fix.patches.draft_graph_vote import DraftGraphVote
+
+    class Broken(DraftGraphVote):
+        def check_imported(self) -> None:
+            raise TargetProblem("drifted on purpose")
+
+    patches = [Broken() if p.id == "draft_graph_vote" else p for p in all_patches()]
+    outcomes = {o.id: o for o in plan(patches, Config()).outcomes}
+    vote = outcomes["draft_graph_vote"]
+    assert (vote.held_back, vote.blocked_by) == (HeldBack.OWN_CHECK, None)
+    for pid in VOTE_GROUP:
+        if pid != "draft_graph_vote":
+            assert (outcomes[pid].held_back, outcomes[pid].blocked_by) == (HeldBack.GROUP_MEMBER, "draft_graph_vote")
+    others = [o for o in outcomes.values() if o.id not in VOTE_GROUP and o.status is Status.UNSUPPORTED]
+    # named as the reason names it: the first unsupported patch in order
+    assert others and all((o.held_back, o.blocked_by) == (HeldBack.OTHER_PATCH, VOTE_GROUP[0]) for o in others)
+    assert all(o.as_dict()["held_back"] == o.held_back.value for o in outcomes.values() if o.held_back)
+
+    class Raising(DraftGraphVote):
+        def replacements(self, resolved, config):
+            raise RuntimeError("cannot build")
+
+    patches = [Raising() if p.id == "draft_graph_vote" else p for p in all_patches()]
+    before = _snapshot()
+    manager = PatchManager(patches)
+    rolled = [o for o in manager.apply(Config()) if o.status is Status.UNSUPPORTED]
+    assert rolled and all(o.held_back is HeldBack.ROLLED_BACK for o in rolled)
+    assert _snapshot() == before
+
+
+@requires_sglang
+def test_the_scheduler_seam_is_recorded_under_the_manager_lock(tmp_path, monkeypatch):
+    """While a deferred patch is checked and applied from its post-import hook (under the manager's lock), the
+    plugin's ``Scheduler.__init__`` seam waits for that transaction instead of changing the manager beside it."""
+    import threading
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_dp_mtp_fix import plugin, report
+    from sglang_dp_mtp_fix.core import Patch
+
+    inside, go = threading.Event(), threading.Event()
+    module = "dp_mtp_fix_slow_probe_module"
+
+    class Slow(Patch):
+        id = "slow_probe"
+        deferred_until_import = module
+
+        def check_imported(self) -> None:
+            inside.set()
+            go.wait(30)
+            raise TargetProblem("probe done")
+
+    (tmp_path / f"{module}.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    original = Scheduler.__dict__["__init__"]
+    manager, config = PatchManager([Slow()]), Config()
+    outcomes = manager.apply(config)
+    importer = threading.Thread(target=importlib.import_module, args=(module,))
+    seam = threading.Thread(
+        target=plugin._after_scheduler_init, args=(manager, outcomes, config, report.PendingLine(lambda: None))
+    )
+    importer.start()
+    try:
+        assert inside.wait(30)
+        seam.start()
+        seam.join(0.5)
+        waited = seam.is_alive()
+    finally:
+        go.set()
+        importer.join(30)
+        if seam.is_alive() or seam.ident is not None:
+            seam.join(30)
+        manager.restore()
+        sys.modules.pop(module, None)
+    assert waited, "the seam was recorded while the manager's transaction held its lock"
+    assert Scheduler.__dict__["__init__"] is original

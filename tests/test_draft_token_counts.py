@@ -138,7 +138,7 @@ def test_no_refusal_where_the_patch_applies(restored, monkeypatch, caplog):
         outcomes = {o.id: o for o in restored.register()}
         with caplog.at_level(logging.INFO, logger="sglang_dp_mtp_fix"):
             restored.check_startup_hazards(scheduler, restored.last_config)
-        assert all(outcomes[pid].status.value == "applied" for pid in VOTE_GROUP), outcomes
+        assert all(outcomes[pid].status == "applied" for pid in VOTE_GROUP), outcomes
         assert not [r for r in caplog.records if "--speculative-moe-a2a-backend" in r.getMessage()]
 
 
@@ -151,7 +151,9 @@ def test_the_refusal_stands_where_the_patch_does_not_apply(monkeypatch, caplog):
     monkeypatch.setenv(SKIP_ENV, "draft_token_counts")
     monkeypatch.setenv(MODE_ENV, "auto")
     manager = plugin.PatchManager(plugin.all_patches())
-    manager.outcomes, _ = manager.plan(load_config(list(PATCH_IDS)))
+    from sglang_dp_mtp_fix.core import plan
+
+    manager.outcomes = plan(manager.patches, load_config(list(PATCH_IDS))).check_deferred_imported().outcomes
     with caplog.at_level(logging.INFO, logger="sglang_dp_mtp_fix"):
         plugin.check_startup_hazards(scheduler, load_config(list(PATCH_IDS)), manager)
     lines = [r.getMessage() for r in caplog.records if "--speculative-moe-a2a-backend" in r.getMessage()]

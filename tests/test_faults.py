@@ -44,7 +44,7 @@ from support import affected_only
 from sglang_dp_mtp_fix import cli
 from sglang_dp_mtp_fix import fingerprint as fp
 from sglang_dp_mtp_fix.config import MODE_ENV, Config
-from sglang_dp_mtp_fix.core import MARKER, Kind, Patch, PatchManager, Target
+from sglang_dp_mtp_fix.core import MARKER, Kind, Patch, Target, plan
 from sglang_dp_mtp_fix.patches import all_patches
 
 pytestmark = affected_only
@@ -160,7 +160,7 @@ def _clear_detection_caches() -> None:
 def baseline() -> dict[str, str]:
     """Each patch's outcome on this release without any fault (computed once, before the first fault is made)."""
     _clear_detection_caches()
-    outcomes, _ = PatchManager(all_patches()).plan(Config())
+    outcomes = plan(all_patches(), Config()).check_deferred_imported().outcomes
     return {o.id: o.status.value for o in outcomes}
 
 
@@ -242,8 +242,8 @@ def inject(patch_id: str, target: Target, fault: str, monkeypatch: pytest.Monkey
         patch_cls = type(next(p for p in all_patches() if p.id == patch_id))
         real = patch_cls.replacements
 
-        def replacements(self: Patch, resolved: dict[Target, Any]) -> dict[Target, Any]:
-            return _RaisesAt(real(self, resolved), target)
+        def replacements(self: Patch, resolved: dict[Target, Any], config: Config) -> dict[Target, Any]:
+            return _RaisesAt(real(self, resolved, config), target)
 
         monkeypatch.setattr(patch_cls, "replacements", replacements)
         return target.name

@@ -25,8 +25,14 @@ def scrape(directory) -> dict[str, list]:
 
 
 def rank_labels(rank: int) -> dict[str, str]:  # the keys SGLang's scheduler collector uses (0.5.20)
-    return {"model_name": "m", "engine_type": "decode", "tp_rank": str(rank), "pp_rank": "0", "moe_ep_rank": "0",
-            "dp_rank": str(rank)}  # fmt: skip
+    return {
+        "model_name": "m",
+        "engine_type": "decode",
+        "tp_rank": str(rank),
+        "pp_rank": "0",
+        "moe_ep_rank": "0",
+        "dp_rank": str(rank),
+    }
 
 
 def by_rank(samples, name: str, key: str) -> dict[tuple[str, str], float]:
@@ -45,7 +51,11 @@ def test_metrics_count_a_scripted_trace_exactly_per_rank(rank_pool, tmp_path):
         totals = [r["stats"] for r in rank_pool.plugin("stats")]
     finally:
         rank_pool.plugin("restore")
-    assert all(r["line"].startswith("sglang-dp-mtp-fix: vote counters exported on SGLang's /metrics as") for r in lines)
+    exported = [r["line"] for r in lines]  # what metrics.install returned on each rank
+    assert all(
+        e.exported and e.line.startswith("sglang-dp-mtp-fix: vote counters exported on SGLang's /metrics as")
+        for e in exported
+    )
     assert totals[0]["decode_batches"] == 4  # counted without SGLANG_DP_MTP_FIX_STATS: --enable-metrics alone
     got = scrape(tmp_path)
     decode = [s for s in got[metrics.DECODE_BATCHES] if s.name.endswith("_total")]
@@ -58,8 +68,16 @@ def test_metrics_count_a_scripted_trace_exactly_per_rank(rank_pool, tmp_path):
     assert draft == {(str(r), v): 2.0 for r in range(4) for v in ("graph_eligible", "forced_eager")}
     cause = by_rank(got[metrics.FORCED_EAGER], metrics.FORCED_EAGER + "_total", "cause")
     own, other = "own_seedless_batch", "other_rank_vote"
-    assert cause == {("0", own): 1, ("0", other): 1, ("1", own): 1, ("1", other): 1,
-                     ("2", own): 1, ("2", other): 1, ("3", own): 0, ("3", other): 2}  # fmt: skip
+    assert cause == {
+        ("0", own): 1,
+        ("0", other): 1,
+        ("1", own): 1,
+        ("1", other): 1,
+        ("2", own): 1,
+        ("2", other): 1,
+        ("3", own): 0,
+        ("3", other): 2,
+    }
     info = [s for s in got[metrics.PATCH_INFO]]
     assert {(s.labels["dp_rank"], s.labels["patch"]) for s in info} >= {(str(r), "draft_graph_vote") for r in range(4)}
     assert all(s.value == 1 and s.labels["version"] and s.labels["tp_rank"] == s.labels["dp_rank"] for s in info)

@@ -193,3 +193,22 @@ def test_a_relative_directory_is_bad_input(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if "SGLang left stock" in line]
     assert len(lines) == 1 and REPORT_DIR_ENV in lines[0] and "absolute" in lines[0]
     assert out["writes"] == [] and os.listdir(tmp_path) == []
+
+
+def test_the_problem_line_names_the_root_cause_from_the_outcome_fields():
+    """The root cause is the first patch held back by its own problem (``held_back``), whatever its reason says;
+    a patch held back by another is named only when no root cause is listed."""
+    from sglang_dp_mtp_fix.core import HeldBack
+
+    held = Outcome("a", Status.UNSUPPORTED, "its group member b is unsupported", HeldBack.GROUP_MEMBER, "b")
+    root = Outcome("b", Status.UNSUPPORTED, "not applied: words that read like another's", HeldBack.OWN_CHECK)
+    line = report.problem_line([held, root], Config())
+    assert line == "sglang-dp-mtp-fix: SGLang left stock: b: not applied: words that read like another's"
+    assert report.problem_line([held], Config()) == f"sglang-dp-mtp-fix: SGLang left stock: a: {held.reason}"
+    assert json.loads(json.dumps(held.as_dict())) == {
+        "id": "a",
+        "status": "unsupported",
+        "reason": held.reason,
+        "held_back": "group-member",
+        "blocked_by": "b",
+    }

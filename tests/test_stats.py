@@ -61,3 +61,13 @@ def test_a_line_every_n_batches(caplog):
     assert "generic decode vote graph-eligible=2 eager=0" in line and "graph true" not in line
     assert "own seedless batch=1" in line and "another rank's vote=0" in line
     assert counters.window.decode_batches == 0 and counters.total.decode_batches == 2
+
+
+def test_restore_drops_the_vote_counters(restored, monkeypatch):
+    """The counters belong to one application: after ``restore()`` none are active, so a later scheduler (or apply)
+    never exports or logs a previous run's counts."""
+    monkeypatch.setenv("SGLANG_DP_MTP_FIX_STATS", "1000")
+    restored.register()
+    assert stats.active() is not None
+    restored.restore()
+    assert stats.active() is None

@@ -29,11 +29,8 @@ from sglang_dp_mtp_fix.fingerprint import (  # noqa: E402
     text_digest,
 )
 from sglang_dp_mtp_fix.patches import all_patches  # noqa: E402
+from sglang_dp_mtp_fix.releases import FINGERPRINTED_RELEASES  # noqa: E402
 
-RELEASES = [
-    "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20",
-    "0.5.21", "0.5.22", "0.5.23",
-]  # fmt: skip
 OUT = ROOT / "src" / "sglang_dp_mtp_fix" / "fingerprints" / "sglang.json"
 
 
@@ -63,7 +60,7 @@ def generate(cache: Path) -> dict:
     table: dict[str, dict[str, list[str]]] = {}
     absent: dict[str, list[str]] = {}
     texts: dict[str, dict[str, tuple[int, str]]] = {}
-    for release in RELEASES:
+    for release in FINGERPRINTED_RELEASES:
         with zipfile.ZipFile(wheel_for(release, cache)) as wheel:
             names = set(wheel.namelist())
             parsed: dict[str, ast.Module | None] = {}
@@ -87,7 +84,7 @@ def generate(cache: Path) -> dict:
                 texts.setdefault(name, {})[text_digest(span)] = (len(span), fingerprint)
     return {
         "_generated_by": "tools/gen_fingerprints.py from the PyPI wheels of the releases below; do not edit",
-        "releases": RELEASES,
+        "releases": list(FINGERPRINTED_RELEASES),
         "targets": table,
         "absent": absent,
         "texts": texts,

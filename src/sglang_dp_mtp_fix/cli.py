@@ -46,12 +46,11 @@ def entry_point_selected(environ: dict[str, str] | None = None) -> tuple[bool, s
 
 def doctor_report() -> tuple[dict[str, Any], int]:
     from sglang_dp_mtp_fix import report
-    from sglang_dp_mtp_fix.core import PatchManager, Status
-    from sglang_dp_mtp_fix.patches import all_patches
+    from sglang_dp_mtp_fix.core import Status, plan
+    from sglang_dp_mtp_fix.patches import PATCH_IDS, all_patches
 
-    manager = PatchManager(all_patches())
-    config = load_config(manager.ids)
-    outcomes, _ = manager.plan(config, import_deferred=True)  # checks only: nothing is changed
+    config = load_config(PATCH_IDS)
+    outcomes = plan(all_patches(), config).check_deferred_all().outcomes  # checks only: nothing is changed
     selected, why = entry_point_selected()
     data: dict[str, Any] = {
         "sglang_version": report.sglang_version(),
@@ -71,7 +70,7 @@ def doctor_report() -> tuple[dict[str, Any], int]:
     if Status.DISABLED in statuses:
         # Disabled by the operator: is this install affected at all? (A not-affected or already fixed SGLang is fine
         # whatever the switches say.)
-        underlying, _ = manager.plan(Config(mode=Mode.AUTO), import_deferred=True)
+        underlying = plan(all_patches(), Config(mode=Mode.AUTO)).check_deferred_all().outcomes
         data["without_switches"] = [o.as_dict() for o in underlying]
         if {o.status for o in underlying} <= {Status.SUPERSEDED, Status.NOT_AFFECTED}:
             statuses = {o.status for o in underlying}

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from sglang_dp_mtp_fix.errors import ConfigError as ConfigError  # re-exported: its old home
 
 MODE_ENV = "SGLANG_DP_MTP_FIX"
 SKIP_ENV = "SGLANG_DP_MTP_FIX_SKIP"
@@ -45,8 +47,21 @@ class Mode(str, enum.Enum):
     STRICT = "strict"
 
 
-class ConfigError(ValueError):
-    """A configuration value the plugin refuses to interpret."""
+def kill_switch_reason() -> str:
+    """Why every patch is ``disabled`` under the kill switch."""
+    return f"kill switch {MODE_ENV}=off"
+
+
+def skip_reason(named: Sequence[str], group: Sequence[str]) -> str:
+    """Why the patches of ``group`` are ``disabled`` when the skip list names ``named`` of them."""
+    if len(group) > 1:
+        return f"skipped by {SKIP_ENV} ({', '.join(named)}); its group {'+'.join(group)} applies together or not at all"
+    return f"skipped by {SKIP_ENV}"
+
+
+def bad_configuration_reason(error: str) -> str:
+    """Why every patch stays stock when the configuration could not be parsed."""
+    return f"not applied: bad configuration: {error}"
 
 
 @dataclass(frozen=True)
@@ -151,7 +166,7 @@ def parse_metrics(raw: str | None) -> bool:
     """True unless switched off; whether SGLang's metrics are on is the caller's other half."""
     if raw is None:
         return True
-    value = _clean(METRICS_ENV, raw).strip().lower()
+    value = _clean(METRICS_ENV, raw).lower()
     if value in ("", "auto"):
         return True
     if value in _FALSE_SPELLINGS:
@@ -183,6 +198,11 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
     except ConfigError as exc:
         return Config(mode=mode, error=str(exc))
     return Config(
-        mode=mode, skip=skip, stats_every=stats_every, peer_timeout_s=peer_timeout_s, report_dir=report_dir,
-        export_metrics=export_metrics, recorder_dir=recorder_dir,
-    )  # fmt: skip
+        mode=mode,
+        skip=skip,
+        stats_every=stats_every,
+        peer_timeout_s=peer_timeout_s,
+        report_dir=report_dir,
+        export_metrics=export_metrics,
+        recorder_dir=recorder_dir,
+    )

@@ -14,6 +14,7 @@ Whether the vote wrapper counts at all is decided at load (``Config.export_metri
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sglang_dp_mtp_fix import stats
@@ -41,9 +42,21 @@ def _family(kind: str, name: str, doc: str, labelnames: Sequence[str]) -> Any:
     return _families[name]
 
 
-def install(scheduler: Any, outcomes: Sequence[Outcome], version: str) -> str | None:
-    """Export this scheduler's vote counters. Returns the line to log, or None when nothing is to be exported here
-    (counting not built, or a scheduler without SGLang's collector: SGLang exports nothing from it either)."""
+@dataclass(frozen=True)
+class MetricsExport:
+    """What ``install`` did: ``exported`` or not, and the one line that says so (INFO when exported, else WARNING)."""
+
+    exported: bool
+    line: str
+
+
+def _not_exported(why: str) -> MetricsExport:
+    return MetricsExport(False, f"sglang-dp-mtp-fix: vote counters not exported to /metrics: {why}")
+
+
+def install(scheduler: Any, outcomes: Sequence[Outcome], version: str) -> MetricsExport | None:
+    """Export this scheduler's vote counters. None when nothing is to be exported here (counting not built, or a
+    scheduler without SGLang's collector: SGLang exports nothing from it either)."""
     counters = stats.active()
     collector = getattr(scheduler, "metrics_collector", None)
     if counters is None or collector is None:
@@ -51,28 +64,33 @@ def install(scheduler: Any, outcomes: Sequence[Outcome], version: str) -> str | 
     labels = {str(k): str(v) for k, v in dict(getattr(collector, "labels", None) or {}).items()}
     clash = sorted(set(labels) & set(OWN_LABELS))
     if not labels or clash:
-        return "sglang-dp-mtp-fix: vote counters not exported to /metrics: SGLang's scheduler metrics labels " + (
-            f"use the plugin's own label names {clash}" if clash else "were not found on its metrics collector"
+        return _not_exported(
+            "SGLang's scheduler metrics labels "
+            + (f"use the plugin's own label names {clash}" if clash else "were not found on its metrics collector")
         )
     try:
         decode = _family(
-            "counter", DECODE_BATCHES,
+            "counter",
+            DECODE_BATCHES,
             "Decode (and idle) batches by the generic decode-graph vote and the draft-graph group vote of their "
             "DP round (sglang-dp-mtp-fix). graph_eligible: no rank asked for eager.",
             [*labels, "generic_vote", "draft_vote"],
-        )  # fmt: skip
+        )
         forced = _family(
-            "counter", FORCED_EAGER,
+            "counter",
+            FORCED_EAGER,
             "Decode batches whose draft step ran eager on every DP rank together, by cause on this rank: its own "
             "batch had no DSA top-k seed, or another rank's vote (sglang-dp-mtp-fix).",
             [*labels, "cause"],
-        )  # fmt: skip
+        )
         info = _family(
-            "gauge", PATCH_INFO, "sglang-dp-mtp-fix version and each patch's status in this process (value 1).",
+            "gauge",
+            PATCH_INFO,
+            "sglang-dp-mtp-fix version and each patch's status in this process (value 1).",
             [*labels, "version", "patch", "status"],
-        )  # fmt: skip
+        )
     except ImportError as exc:
-        return f"sglang-dp-mtp-fix: vote counters not exported to /metrics: {exc}"
+        return _not_exported(str(exc))
     # Every series exists from the start (at 0), so dashboards and rate() see them before the first eager round.
     by_vote = {
         (generic, draft): decode.labels(
@@ -95,4 +113,4 @@ def install(scheduler: Any, outcomes: Sequence[Outcome], version: str) -> str | 
 
     counters.exporter = export
     shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k in ("tp_rank", "dp_rank"))
-    return f"sglang-dp-mtp-fix: vote counters exported on SGLang's /metrics as {PREFIX}* ({shown})"
+    return MetricsExport(True, f"sglang-dp-mtp-fix: vote counters exported on SGLang's /metrics as {PREFIX}* ({shown})")

@@ -22,20 +22,14 @@ from typing import Any
 
 from sglang_dp_mtp_fix import _version
 from sglang_dp_mtp_fix.core import Outcome
+from sglang_dp_mtp_fix.errors import PeerCheckError as PeerCheckError  # re-exported: its old home
+from sglang_dp_mtp_fix.errors import PeerStateMismatch as PeerStateMismatch
 
 KEY_PREFIX = "sglang_dp_mtp_fix/patch_state/"
 MISSING_HINT = (
     "plugin not installed/selected there, SGLANG_DP_MTP_FIX=off, or the plugin left SGLang stock there "
     "(skip list, bad configuration or unsupported code: see that rank's sglang-dp-mtp-fix log line)"
 )
-
-
-class PeerCheckError(RuntimeError):
-    """The cross-rank check could not run (raised in ``strict`` only; ``auto`` logs one warning)."""
-
-
-class PeerStateMismatch(PeerCheckError):
-    """Ranks of this launch run different patch states: start-up stops (any mode)."""
 
 
 def local_state(outcomes: Sequence[Outcome], fingerprints: Mapping[str, str]) -> dict[str, Any]:

@@ -18,25 +18,18 @@ import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import _version, metrics, peers, recorder, report, transport
+from sglang_dp_mtp_fix import _version, metrics, peers, recorder, report, stats, transport
 from sglang_dp_mtp_fix.config import Config, load_config
-from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, _Change, groups
+from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, groups
+from sglang_dp_mtp_fix.errors import StartupHazard as StartupHazard  # re-exported: its old home
+from sglang_dp_mtp_fix.errors import StrictModeAbort as StrictModeAbort
 from sglang_dp_mtp_fix.patches import _startup_checks, all_patches
 
 _lock = threading.Lock()
 _manager: PatchManager | None = None
 last_config: Config | None = None
 _report_path: str | None = None  # this process's report file, once written
-_pending: report.PendingLine | None = None  # the report line, until SGLang configures logging
-
-
-class StrictModeAbort(SystemExit):
-    """SGLANG_DP_MTP_FIX=strict and the plugin could not apply: stop the process with a clear message."""
-
-
-class StartupHazard(RuntimeError):
-    """strict: the scheduler runs a configuration the fix cannot keep rank-consistent (raised out of
-    ``Scheduler.__init__``, which brings SGLang's launch down with the message, like ``PeerStateMismatch``)."""
+_report_line: report.PendingLine | None = None  # the report line, until SGLang configures logging
 
 
 def get_manager() -> PatchManager:
@@ -49,7 +42,7 @@ def get_manager() -> PatchManager:
 
 def register() -> list[Outcome]:
     """Entry point. Idempotent per process."""
-    global last_config, _pending
+    global last_config, _report_line
     manager = get_manager()
     if manager.outcomes is not None and last_config is not None:
         return manager.outcomes
@@ -68,11 +61,11 @@ def register() -> list[Outcome]:
     if problem:
         report.logger.warning(problem)  # the one WARNING line; the report line below then stays at INFO
     level = logging.INFO if problem else None
-    _pending = report.PendingLine(functools.partial(report.emit, outcomes, config, level=level))
-    if report.logging_configured() or not _pending.install():
-        _pending.flush()
-    if manager.applied or manager.pending:  # only a process we patch touches Scheduler (off/stock: nothing hooked)
-        _after_scheduler_init(manager, outcomes, config, _pending)
+    _report_line = report.PendingLine(functools.partial(report.emit, outcomes, config, level=level))
+    if report.logging_configured() or not _report_line.install():
+        _report_line.flush()
+    if manager.applied or manager.awaiting_import:  # only a process we patch touches Scheduler (else: nothing hooked)
+        _after_scheduler_init(manager, outcomes, config, _report_line)
     return outcomes
 
 
@@ -108,16 +101,17 @@ def _write_report_file(outcomes: list[Outcome], config: Config) -> str | None:
 
 def restore() -> None:
     """Put SGLang back to stock (tests; operators use SGLANG_DP_MTP_FIX=off)."""
-    global last_config, _report_path, _pending
+    global last_config, _report_path, _report_line
     get_manager().restore()
+    stats.deactivate()
     rec = recorder.active()
     if rec is not None:
         rec.close()
-    if _pending is not None:
-        _pending.remove()
+    if _report_line is not None:
+        _report_line.remove()
     last_config = None
     _report_path = None
-    _pending = None
+    _report_line = None
 
 
 def _after_scheduler_init(
@@ -133,13 +127,13 @@ def _after_scheduler_init(
     original = Scheduler.__dict__.get("__init__")
     if original is None:
         return
-    pending = [True]
+    first_init = [True]
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        if pending:
-            pending.clear()
+        if first_init:
+            first_init.clear()
             line.flush()
             check_startup_hazards(self, config, manager)  # first: a group it leaves stock is what peers compare
             check_peers(manager, outcomes, config)
@@ -147,8 +141,7 @@ def _after_scheduler_init(
             if config.export_metrics:
                 export_metrics(self, manager)
 
-    Scheduler.__init__ = __init__
-    manager._changes.append(_Change(Scheduler, "__init__", True, original, __init__))
+    manager.install_seam(Scheduler, "__init__", __init__)
 
 
 def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) -> None:
@@ -166,27 +159,29 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
         return
     if agreed is not None:
         rank, world = agreed
-        applied = sum(o.status.value == "applied" for o in outcomes)
+        applied = sum(o.status is Status.APPLIED for o in outcomes)
         report.logger.info(
             "sglang-dp-mtp-fix: cross-rank patch-state check passed on rank %d: %d ranks agree "
             "(plugin %s, %d of %d patches applied, %d fingerprints)",
-            rank, world, _version.__version__, applied, len(outcomes), len(manager.peer_fingerprints()),
-        )  # fmt: skip
+            rank,
+            world,
+            _version.__version__,
+            applied,
+            len(outcomes),
+            len(manager.peer_fingerprints()),
+        )
 
 
 def export_metrics(scheduler: Any, manager: PatchManager) -> None:
     """SGLang runs with --enable-metrics: the vote counters go to its /metrics from this scheduler (``metrics``),
     with each patch's status as it stands after model load (deferred patches included). Never raises."""
     try:
-        line = metrics.install(scheduler, manager.outcomes or [], _version.__version__)
+        result = metrics.install(scheduler, manager.outcomes or [], _version.__version__)
     except Exception as exc:  # noqa: BLE001 - an exporter must never crash the host
-        line = f"sglang-dp-mtp-fix: vote counters not exported to /metrics: {exc!r}"
-    if line is None:
+        result = metrics.MetricsExport(False, f"sglang-dp-mtp-fix: vote counters not exported to /metrics: {exc!r}")
+    if result is None:
         return
-    if "not exported" in line:
-        report.logger.warning(line)
-    else:
-        report.logger.info(line)
+    report.logger.log(logging.INFO if result.exported else logging.WARNING, result.line)
 
 
 def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager | None = None) -> None:
@@ -202,10 +197,10 @@ def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager 
             try:
                 patch.at_scheduler_start(scheduler)
             except Exception as exc:  # noqa: BLE001 - what the patch needs cannot be read: stock, never a crash
-                _refuse(
-                    manager, config, patch.id, f"sglang-dp-mtp-fix: {patch.id} cannot start on this scheduler: {exc}"
-                )
-    for check, refuses, fixed_by in _startup_checks.CHECKS:
+                why = f"sglang-dp-mtp-fix: {patch.id} cannot start on this scheduler: {exc}"
+                _stand_down_group(manager, config, patch.id, why)
+    for hazard in _startup_checks.CHECKS:
+        check, fixed_by = hazard.check, hazard.fixed_by
         fix = status.get(fixed_by or "")
         if fix is not None and fix.status is Status.APPLIED:
             continue  # the patch that removes this hazard runs on this scheduler
@@ -218,15 +213,15 @@ def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager 
             continue
         if fix is not None:
             line += f" [{fix.id} is {fix.status.value}: {fix.reason}]"
-        if refuses:
-            _refuse(manager, config, refuses, line)
+        if hazard.stands_down_group_of:
+            _stand_down_group(manager, config, hazard.stands_down_group_of, line)
         elif config.strict:
             raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")
         else:
             report.logger.warning(line)
 
 
-def _refuse(manager: PatchManager, config: Config, patch_id: str, line: str) -> None:
+def _stand_down_group(manager: PatchManager, config: Config, patch_id: str, line: str) -> None:
     """strict: stop. auto: put ``patch_id``'s whole group back to stock on this scheduler, and say so in one line."""
     if config.strict:
         raise StartupHazard(f"{line} [SGLANG_DP_MTP_FIX=strict: stopping]")

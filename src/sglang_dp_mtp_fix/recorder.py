@@ -44,6 +44,7 @@ from typing import Any, TypeVar, cast
 
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV, Config
+from sglang_dp_mtp_fix.errors import RecorderFileError as RecorderFileError  # re-exported: its old home
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
 
@@ -302,10 +303,6 @@ def check_directory(directory: str) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------
 # Reading: ``sglang-dp-mtp-fix rollcall DIR [DIR ...]``
 # ---------------------------------------------------------------------------------------------------------------
-
-
-class RecorderFileError(Exception):
-    """A file rollcall refuses (corrupt, truncated, foreign or of another format)."""
 
 
 @dataclass

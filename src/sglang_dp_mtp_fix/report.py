@@ -25,28 +25,16 @@ import os
 import re
 import socket
 import stat
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.config import MODE_ENV, REPORT_DIR_ENV, Config, Mode
 from sglang_dp_mtp_fix.core import Outcome, Status
+from sglang_dp_mtp_fix.errors import ReportFileError as ReportFileError  # re-exported: its old home
+from sglang_dp_mtp_fix.versions import sglang_version as sglang_version  # re-exported: its old home
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
-
-
-def sglang_version() -> str:
-    try:
-        loaded = sys.modules.get("sglang")
-        loaded_version = getattr(loaded, "__version__", None)
-        if isinstance(loaded_version, str):
-            return loaded_version  # cheap; importlib.metadata costs ~10 ms per call
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:  # noqa: BLE001
-        return "not installed"
 
 
 def summary_line(outcomes: Sequence[Outcome], config: Config) -> str:
@@ -61,7 +49,7 @@ def problem_line(outcomes: Sequence[Outcome], config: Config) -> str | None:
         return f"sglang-dp-mtp-fix: SGLang left stock: {config.error}"
     bad = [o for o in outcomes if o.status is Status.UNSUPPORTED]
     if bad:
-        first = next((o for o in bad if not o.reason.startswith("not applied:")), bad[0])
+        first = next((o for o in bad if not o.held_back_by_another), bad[0])  # the root cause
         if any(o.status is Status.APPLIED for o in outcomes):  # a deferred patch stood down alone (core docstring)
             return f"sglang-dp-mtp-fix: {first.id} left stock (the other patches apply as reported): {first.reason}"
         return f"sglang-dp-mtp-fix: SGLang left stock: {first.id}: {first.reason}"
@@ -90,10 +78,6 @@ class PendingLine:
         self._emit_line = emit_line
         self._done = False
         self._installed: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
-
-    @property
-    def pending(self) -> bool:
-        return not self._done
 
     def install(self) -> bool:
         """Wrap the logging set-up calls; False when none could be wrapped (the caller then logs at once)."""
@@ -136,10 +120,6 @@ class PendingLine:
             if getattr(owner, name, None) is wrapper:
                 setattr(owner, name, original)
         self._installed.clear()
-
-
-class ReportFileError(OSError):
-    """The report file could not be written (one warning in ``auto``; ``strict`` stops)."""
 
 
 def report_file_name() -> str:

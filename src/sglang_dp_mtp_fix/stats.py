@@ -83,3 +83,9 @@ def activate(every: int | None, for_metrics: bool = False) -> VoteStats | None:
 
 def active() -> VoteStats | None:
     return _active
+
+
+def deactivate() -> None:
+    """Drop the counters (the plugin's ``restore``): a later scheduler or apply never sees a previous run's."""
+    global _active
+    _active = None

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_dp_mtp_fix.core import Status
+
 logger = logging.getLogger("sglang_dp_mtp_fix")
 
 
@@ -85,7 +87,7 @@ def describe(scheduler: Any, vote_active: bool) -> str:
 
 def log_line(scheduler: Any, manager: Any) -> None:
     vote = next((o for o in manager.outcomes or [] if o.id == "draft_graph_vote"), None)
-    active = vote is not None and vote.status.value == "applied"
+    active = vote is not None and vote.status is Status.APPLIED
     try:
         line = describe(scheduler, active)
     except Exception as exc:  # noqa: BLE001 - a diagnostic line must never crash the host

@@ -293,7 +293,9 @@ def apply_patch(plugin: Any, monkeypatch: pytest.MonkeyPatch) -> bool:
     for target in (dlr.PREPARE, dlr.POST_FORWARD):
         attr = target.qualname.split(".")[-1]
         resolved[target] = Resolved(target, ForwardBatch, attr, ForwardBatch.__dict__[attr], True)
-    for target, new in dlr.DraftLocalRows().replacements(resolved).items():
+    from sglang_dp_mtp_fix.config import Config
+
+    for target, new in dlr.DraftLocalRows().replacements(resolved, Config()).items():
         monkeypatch.setattr(ForwardBatch, resolved[target].attr, new)
     return False
 
@@ -326,7 +328,9 @@ def test_only_eager_draft_decode_batches_are_recorded_and_the_record_is_consumed
         dlr.PREPARE: Resolved(dlr.PREPARE, None, "prepare", lambda self, runner: calls.append("prepare"), True),
         dlr.POST_FORWARD: Resolved(dlr.POST_FORWARD, None, "post", lambda self, out: calls.append("post"), True),
     }
-    new = dlr.DraftLocalRows().replacements(resolved)
+    from sglang_dp_mtp_fix.config import Config
+
+    new = dlr.DraftLocalRows().replacements(resolved, Config())
     prepare, post_forward = new[dlr.PREPARE], new[dlr.POST_FORWARD]
 
     def forward(spec_type: Any, mode: Any) -> Any:

@@ -325,8 +325,9 @@ def test_unimportable_dsa_backend_stands_this_patch_down_alone():
         sys.meta_path.insert(0, NoDeepGemm())
         from sglang_dp_mtp_fix import plugin
         from sglang_dp_mtp_fix.config import Config
+        from sglang_dp_mtp_fix.core import plan
 
-        doctor, _ = plugin.PatchManager(plugin.all_patches()).plan(Config(), import_deferred=True)  # changes nothing
+        doctor = plan(plugin.all_patches(), Config()).check_deferred_all().outcomes  # changes nothing
         loaded = {o.id: [o.status.value, o.reason] for o in plugin.register()}
         try:
             import sglang.srt.layers.attention.dsa_backend  # what a DSA model would do: fails, no hook runs

@@ -199,13 +199,11 @@ def _export_metrics(request: PluginRequest) -> dict[str, Any]:
 def _apply(request: PluginRequest) -> dict[str, Any]:
     """Applies the plugin, under ``request.env`` when given (read at application: re-applied afresh then)."""
     from sglang_dp_mtp_fix import plugin as p
-    from sglang_dp_mtp_fix import stats
 
     env = request.env
     saved = {k: os.environ.get(k) for k in env}
     if env:
         p.restore()
-        stats.activate(None)  # TODO(merge): restore() resets the counters itself
     os.environ.update(env)
     try:
         outcomes = p.register()
@@ -220,10 +218,8 @@ def _apply(request: PluginRequest) -> dict[str, Any]:
 
 def _restore(request: PluginRequest) -> dict[str, Any]:
     from sglang_dp_mtp_fix import plugin as p
-    from sglang_dp_mtp_fix import stats
 
     p.restore()
-    stats.activate(None)  # TODO(merge): restore() resets the counters itself
     return {"rank": CONTEXT.rank, "statuses": {}}
 
 

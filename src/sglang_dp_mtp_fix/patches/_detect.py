@@ -11,8 +11,8 @@ import importlib
 import importlib.util
 import inspect
 
-from sglang_dp_mtp_fix.core import Status, TargetProblem, Verdict
-from sglang_dp_mtp_fix.report import sglang_version
+from sglang_dp_mtp_fix.core import StandDown, Status, TargetProblem
+from sglang_dp_mtp_fix.versions import sglang_version
 
 
 def _has_seedless_eager_fallback(draft_fn: object) -> bool:
@@ -68,7 +68,7 @@ def dp_draft_vote_verdict() -> tuple[Status, str] | None:
 def classify_group() -> None:
     verdict = dp_draft_vote_verdict()
     if verdict is not None:
-        raise Verdict(*verdict)
+        raise StandDown(*verdict)
 
 
 def module_source(module: str) -> str | None:

@@ -17,7 +17,7 @@ set-up also sets in-process), the scheduler's ``server_args`` and its spec worke
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 SKIP_ENV = "SGLANG_SCHEDULER_SKIP_ALL_GATHER"
 
@@ -100,12 +100,16 @@ def draft_token_counts_hazard(scheduler: Any) -> str | None:
     )
 
 
-# (check, the patch whose group the hazard stands down in auto (None: a warning only), the patch that removes the
-# hazard when applied or None). The skip-all-gather hole is a warning: the vote group still keeps every seeded round
-# consistent there, and upstream 0.5.21 has the same hole. Differing draft MoE a2a backends are fixed by
-# draft_token_counts; only where that patch is not applied does the hazard stand the group down (the draft vote
-# would be sized wrongly).
-CHECKS: tuple[tuple[Callable[[Any], str | None], str | None, str | None], ...] = (
-    (skip_all_gather_hazard, None, None),
-    (draft_token_counts_hazard, "draft_graph_vote", "draft_token_counts"),
+class StartupCheck(NamedTuple):
+    check: Callable[[Any], str | None]  # the line naming the hazard for a scheduler, or None
+    stands_down_group_of: str | None  # auto puts this patch's whole group back to stock; None: a warning only
+    fixed_by: str | None  # the patch that removes the hazard where it is applied (the check is skipped then)
+
+
+# The skip-all-gather hole is a warning: the vote group still keeps every seeded round consistent there, and upstream
+# 0.5.21 has the same hole. Differing draft MoE a2a backends are fixed by draft_token_counts; only where that patch is
+# not applied does the hazard stand the draft-vote group down (the draft vote would be sized wrongly).
+CHECKS: tuple[StartupCheck, ...] = (
+    StartupCheck(skip_all_gather_hazard, stands_down_group_of=None, fixed_by=None),
+    StartupCheck(draft_token_counts_hazard, stands_down_group_of="draft_graph_vote", fixed_by="draft_token_counts"),
 )

@@ -23,7 +23,9 @@ import functools
 from typing import Any
 
 from sglang_dp_mtp_fix import recorder, stats
+from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
+from sglang_dp_mtp_fix.errors import MixedDeploymentError as MixedDeploymentError
 from sglang_dp_mtp_fix.patches._detect import classify_group
 from sglang_dp_mtp_fix.patches.eager_draft_gate import mark_pd_decode_batch
 
@@ -76,10 +78,6 @@ RUN_BATCH = Target(SCHEDULER, "Scheduler.run_batch", Kind.CHECK)
 FB_DEFAULT = Target(FORWARD_BATCH, "ForwardBatch", Kind.ADD, attr=VOTE_ATTR, fingerprinted=False)
 
 
-class MixedDeploymentError(RuntimeError):
-    """Some DP ranks of one sync group run without the plugin: stop now rather than hang later."""
-
-
 # This rank's draft vote for the MLP-sync round in progress; None outside one (reads as yes).
 _local_vote: contextvars.ContextVar[bool | None] = contextvars.ContextVar("dp_mtp_fix_local_draft_vote", default=None)
 
@@ -121,7 +119,6 @@ def decode_group_vote(column: list[int]) -> bool:
 
 class DraftGraphVote(Patch):
     id = "draft_graph_vote"
-    summary = "draft-graph vote in the existing MLP-sync all-gather; EAGLEDraftCudaGraphRunner consumes it"
     requires = ("eager_draft_gate",)
     targets = (
         SYNC_ENTRY,
@@ -144,7 +141,7 @@ class DraftGraphVote(Patch):
     def classify(self) -> None:
         classify_group()
 
-    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+    def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         info_cls = resolved[LOCAL_ROW].owner
         fields = getattr(info_cls, "__dataclass_fields__", {})
         # The decode vote's and the gathered tensor's field names differ per release: read whichever this one has.
@@ -208,7 +205,7 @@ class DraftGraphVote(Patch):
 
         # Decided at load: without SGLANG_DP_MTP_FIX_STATS and SGLang's --enable-metrics the wrapper carries no
         # counting code at all.
-        counters = stats.activate(self.config.stats_every, for_metrics=self.config.export_metrics)
+        counters = stats.activate(config.stats_every, for_metrics=config.export_metrics)
         # The generic vote's name on ScheduleBatch: can_run_dp_cuda_graph until 0.5.18, can_run_decode_cuda_graph after.
         batch_fields = getattr(resolved[SB_DEFAULT].owner, "__dataclass_fields__", {})
         generic_field = (
@@ -251,7 +248,7 @@ class DraftGraphVote(Patch):
         # Flight recorder (SGLANG_DP_MTP_FIX_RECORDER_DIR, ``recorder``): decided at load like the counters; unset, the
         # three wrappers stay as built above and nothing records.
         _get_local_tensor, _update_gather_batch, can_run_graph = recorder.instrument(
-            self.config,
+            config,
             _get_local_tensor,
             _update_gather_batch,
             can_run_graph,

@@ -28,9 +28,11 @@ import ast
 import functools
 from typing import Any
 
-from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Status, Target, Verdict
+from sglang_dp_mtp_fix.config import Config
+from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, StandDown, Status, Target
+from sglang_dp_mtp_fix.errors import DraftRowsError as DraftRowsError
 from sglang_dp_mtp_fix.patches._detect import module_tree
-from sglang_dp_mtp_fix.report import sglang_version
+from sglang_dp_mtp_fix.versions import sglang_version
 
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
@@ -50,10 +52,6 @@ DRAFT_FORWARD = Target(EAGLE_V2, "EagleDraftWorker.draft_forward", Kind.CHECK)
 LOCAL_ROWS_ATTR = "_dp_mtp_fix_local_draft_rows"
 POSTPROCESS = "draft_topk1_postprocess"
 IDLE_DRAFT = "_draft_forward_idle"
-
-
-class DraftRowsError(RuntimeError):
-    """A draft output tensor has fewer rows than the rank's local draft tokens (PR #32209 wording)."""
 
 
 def slice_to_local_rows(tensor: Any, name: str, num_local_tokens: int) -> Any:
@@ -127,7 +125,6 @@ def local_rows_verdict() -> tuple[Status, str] | None:
 
 class DraftLocalRows(Patch):
     id = "draft_local_rows"
-    summary = "eager EAGLE draft: logits, hidden states and positions sliced to the rank's local draft-token rows"
     requires = ()
     targets = (PREPARE, POST_FORWARD, PAD_INPUTS, EAGER_PREPARE, EAGER_FORWARD, DRAFT_FORWARD)
     # In time: a scheduler imports model_runner after load_plugins() and before any forward. Enough: the other
@@ -137,9 +134,9 @@ class DraftLocalRows(Patch):
     def classify(self) -> None:
         verdict = local_rows_verdict()
         if verdict is not None:
-            raise Verdict(*verdict)
+            raise StandDown(*verdict)
 
-    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+    def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         import importlib
 
         eagle_draft = importlib.import_module(SPEC_INFO).SpecInputType.EAGLE_DRAFT

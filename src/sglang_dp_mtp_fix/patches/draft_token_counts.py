@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.patches._detect import classify_group
 from sglang_dp_mtp_fix.patches._startup_checks import takes_server_args
@@ -65,7 +66,6 @@ def draft_gathers(server_args: Any = None) -> bool:
 
 class DraftTokenCounts(Patch):
     id = "draft_token_counts"
-    summary = "the draft's own DP token counts when its MoE a2a backend gathers differently (upstream #32196)"
     requires = ("draft_graph_vote",)
     targets = (
         UPDATE_BATCH,
@@ -92,7 +92,7 @@ class DraftTokenCounts(Patch):
             return
         self.answer[:] = [draft_gathers(server_args)]  # unreadable: raises, and the group stays stock here
 
-    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+    def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         update_batch = resolved[UPDATE_BATCH].raw
         forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
         self.answer.clear()  # a fresh application (tests apply the plugin again under other ServerArgs)

@@ -24,10 +24,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Status, Target, Verdict
+from sglang_dp_mtp_fix.config import Config
+from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, StandDown, Status, Target
 from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict
 from sglang_dp_mtp_fix.patches.dsa_trtllm_trim import DSA_BACKEND, leading_rows, planned_decode_rows, zero_pad_rows
-from sglang_dp_mtp_fix.report import sglang_version
+from sglang_dp_mtp_fix.versions import sglang_version
 
 FORWARD_DECODE = Target(DSA_BACKEND, "DeepseekSparseAttnBackend.forward_decode")
 # 0.5.20: decides per call whether forward_decode routes to _forward_trtllm (kpool tail); the wrapper asks it too.
@@ -104,10 +105,6 @@ def make_forward_decode(original: Any) -> Any:
 
 class DsaDecodeTrim(Patch):
     id = "dsa_decode_trim"
-    summary = (
-        "non-TRT-LLM DSA decode (FlashMLA, FA3, FlashInfer, TileLang, Triton, aiter): trim DP-padded rows to the "
-        "planned real batch at forward_decode, zero-pad the output back"
-    )
     targets = (FORWARD_DECODE, RESOLVE_KPOOL)
     # Checked and applied when SGLang imports dsa_backend (see dsa_trtllm_trim); "not-loaded" until then.
     deferred_until_import = DSA_BACKEND
@@ -123,7 +120,7 @@ class DsaDecodeTrim(Patch):
                 f"SGLang {sglang_version()} carries upstream's rank-consistent draft vote (0.5.21+), so the plugin "
                 "leaves it stock; upstream trims padded DSA decode rows for TRT-LLM only (docs/dsa-backends.md)"
             )
-        raise Verdict(status, reason)
+        raise StandDown(status, reason)
 
-    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+    def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         return {FORWARD_DECODE: make_forward_decode(resolved[FORWARD_DECODE].raw)}

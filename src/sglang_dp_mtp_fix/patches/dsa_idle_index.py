@@ -26,9 +26,10 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Status, Target, TargetProblem, Verdict
+from sglang_dp_mtp_fix.config import Config
+from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, StandDown, Status, Target, TargetProblem
 from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict, module_defines
-from sglang_dp_mtp_fix.report import sglang_version
+from sglang_dp_mtp_fix.versions import sglang_version
 
 if TYPE_CHECKING:
     import torch
@@ -75,7 +76,6 @@ def all_invalid_topk_rows(x: Any, index_topk: int, return_indices: bool) -> torc
 
 class DsaIdleIndex(Patch):
     id = "dsa_idle_index"
-    summary = "eager DSA indexing on idle DP ranks returns all-invalid top-k rows of the physical shape"
     requires = ()
     targets = (FORWARD_CUDA, BROADCAST, CAPTURE_TOPK, IS_CAPTURE_MODE)
     # Checked and applied when SGLang imports the indexer (its model registry does, in a scheduler that loads a
@@ -86,14 +86,14 @@ class DsaIdleIndex(Patch):
     def classify(self) -> None:
         # Read without importing: from 0.5.22 plugins also load in processes where DSA modules must not be imported.
         if module_defines(DSA_INDEXER, UPSTREAM_HELPER):
-            raise Verdict(
+            raise StandDown(
                 Status.SUPERSEDED,
                 f"SGLang {sglang_version()} already short-circuits eager DSA index selection on idle DP ranks "
                 f"(dsa_indexer.{UPSTREAM_HELPER} in Indexer.forward_cuda; upstream 0.5.21+)",
             )
         group = dp_draft_vote_verdict()
         if group is not None and group[0] is Status.NOT_AFFECTED:
-            raise Verdict(
+            raise StandDown(
                 Status.NOT_AFFECTED,
                 f"SGLang {sglang_version()} has no seedless eager fallback in EagleDraftWorker.draft (introduced by "
                 "#30839, first released in 0.5.15.post1), so no rank-consistent eager draft step sends idle DP ranks "
@@ -106,7 +106,7 @@ class DsaIdleIndex(Patch):
         if missing:
             raise TargetProblem(f"{DSA_INDEXER} lacks {', '.join(missing)}")
 
-    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+    def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         original = resolved[FORWARD_CUDA].raw
         indexer_module = sys.modules[resolved[FORWARD_CUDA].owner.__module__]
 

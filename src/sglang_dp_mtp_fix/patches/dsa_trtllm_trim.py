@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sglang_dp_mtp_fix.core import Patch, Resolved, Status, Target, Verdict
+from sglang_dp_mtp_fix.config import Config
+from sglang_dp_mtp_fix.core import Patch, Resolved, StandDown, Status, Target
 from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict, module_defines
 
 DSA_BACKEND = "sglang.srt.layers.attention.dsa_backend"
@@ -125,21 +126,20 @@ def make_forward_trtllm(original: Any) -> Any:
 
 class DsaTrtllmTrim(Patch):
     id = "dsa_trtllm_trim"
-    summary = "TRT-LLM DSA decode: trim DP-padded rows to the planned real batch, zero-pad the output back"
     targets = (FORWARD_TRTLLM,)
     # Checked and applied when SGLang imports dsa_backend (see dsa_idle_index); "not-loaded" until then.
     deferred_until_import = DSA_BACKEND
 
     def classify(self) -> None:
         if module_defines(DSA_BACKEND, UPSTREAM_TRIM):
-            raise Verdict(
+            raise StandDown(
                 Status.SUPERSEDED,
                 f"SGLang already trims TRT-LLM DSA decode to the planned batch ({DSA_BACKEND}.{UPSTREAM_TRIM}, "
                 "upstream 0.5.21+)",
             )
         verdict = dp_draft_vote_verdict()
         if verdict is not None and verdict[0] is Status.NOT_AFFECTED:
-            raise Verdict(Status.NOT_AFFECTED, verdict[1])
+            raise StandDown(Status.NOT_AFFECTED, verdict[1])
 
-    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+    def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         return {FORWARD_TRTLLM: make_forward_trtllm(resolved[FORWARD_TRTLLM].raw)}

@@ -21,6 +21,7 @@ import contextvars
 import functools
 from typing import Any
 
+from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.patches._detect import classify_group
 from sglang_dp_mtp_fix.patches.future_seed_authority import draft_seed_present
@@ -93,7 +94,6 @@ def mark_pd_decode_batch(batch: Any) -> None:
 
 class EagerDraftGate(Patch):
     id = "eager_draft_gate"
-    summary = "worker hook requires_dp_attention_eager_forward + PD-decode marking before the DP MLP sync"
     requires = ("future_seed_authority", "draft_graph_vote")
     targets = (
         BASE_HOOK,
@@ -109,7 +109,7 @@ class EagerDraftGate(Patch):
     def classify(self) -> None:
         classify_group()
 
-    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+    def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         decode_round_original = resolved[DECODE_ROUND].raw
 
         @functools.wraps(decode_round_original)

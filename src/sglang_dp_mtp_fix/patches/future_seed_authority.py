@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.patches._detect import classify_group
 
@@ -53,7 +54,6 @@ def has_dsa_topk_seed(self: Any) -> bool:
 
 class FutureSeedAuthority(Patch):
     id = "future_seed_authority"
-    summary = "overlap: future_dsa_topk_indices_available is authoritative whenever future_indices is set"
     requires = ("eager_draft_gate",)
     targets = (
         HAS_SEED,
@@ -68,5 +68,5 @@ class FutureSeedAuthority(Patch):
     def classify(self) -> None:
         classify_group()
 
-    def replacements(self, resolved: dict[Target, Resolved]) -> dict[Target, Any]:
+    def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         return {HAS_SEED: has_dsa_topk_seed}
