@@ -7,6 +7,7 @@ without the package): that run would be an A/A reported as an A/B."""
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import statistics
@@ -35,8 +36,9 @@ def imported_from(env: dict[str, str]) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def check_arms(before_src: str, env: dict[str, dict[str, str]]) -> None:
-    """Exits unless the before arm imports the plugin from ``before_src`` and the after arm from elsewhere."""
+def check_arms(before_src: str, env: dict[str, dict[str, str]]) -> tuple[str, str]:
+    """Exits unless the before arm imports the plugin from ``before_src`` and the after arm from elsewhere; returns
+    the two ``__init__.py`` paths."""
     if not os.path.isdir(before_src):
         raise SystemExit(f"ab_activation: BEFORE_SRC={before_src} does not exist (the older checkout's src/ directory)")
     before, after = imported_from(env["before"]), imported_from(env["after"])
@@ -46,12 +48,16 @@ def check_arms(before_src: str, env: dict[str, dict[str, str]]) -> None:
             f"ab_activation: the before arm imports {before}, not a package under BEFORE_SRC={before_src} (the after "
             f"arm imports {after}): that would measure A/A"
         )
+    return before, after
 
 
 def main() -> None:
     before_src = os.environ.get("BEFORE_SRC", DEFAULT_BEFORE_SRC)
     env = arms(before_src)
-    check_arms(before_src, env)
+    # As installed: pip compiles a package at install time. Without this, an arm whose bytecode is missing (a fresh
+    # ``git archive``, or PYTHONDONTWRITEBYTECODE=1) recompiles its sources inside every figure.
+    for init in check_arms(before_src, env):
+        compileall.compile_dir(os.path.dirname(init), quiet=1)
     out: dict = {}
     for mode in ("warm", "dsa-warm"):
         for i in range(int(sys.argv[1])):

@@ -2,7 +2,7 @@
 
 ``bench/ab_activation.py`` compares an older checkout ("before", ``BEFORE_SRC``) with this one ("after"); when the
 before arm would import the same package as the after arm, it must exit before measuring, not report an A/A run as
-an A/B. ``REPEATS`` 0 runs only that check."""
+an A/B. ``REPEATS`` 0 runs only that check, and the compilation of both arms that precedes any measurement."""
 
 from __future__ import annotations
 
@@ -21,9 +21,14 @@ def _env(before_src: Path) -> dict[str, str]:
     return {**env, "BEFORE_SRC": str(before_src)}
 
 
-def _ab(before_src: Path) -> subprocess.CompletedProcess[str]:
+def _ab(before_src: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(AB), "0"], env=_env(before_src), capture_output=True, text=True, timeout=120, cwd="/tmp"
+        [sys.executable, str(AB), "0"],
+        env={**_env(before_src), **extra_env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/tmp",
     )
 
 
@@ -58,3 +63,13 @@ def test_an_older_checkout_passes_the_check(tmp_path):
     proc = _ab(tmp_path / "src")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "{}"
+
+
+def test_an_arm_without_bytecode_is_compiled_before_measuring(tmp_path):
+    # A fresh `git archive` has no bytecode and PYTHONDONTWRITEBYTECODE=1 keeps an import from writing it: every
+    # measured process would then compile the arm's sources inside its figure, as pip's install-time compile avoids.
+    package = tmp_path / "src" / "sglang_dp_mtp_fix"
+    shutil.copytree(_installed_src() / "sglang_dp_mtp_fix", package, ignore=shutil.ignore_patterns("__pycache__"))
+    proc = _ab(tmp_path / "src", PYTHONDONTWRITEBYTECODE="1")
+    assert proc.returncode == 0, proc.stderr
+    assert list(package.glob("__pycache__/plugin.*.pyc")), "the before arm was measured from source"

@@ -14,8 +14,7 @@ Whether the vote wrapper counts at all is decided at load (``Config.export_metri
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sglang_dp_mtp_fix import stats
 from sglang_dp_mtp_fix.core import Outcome
@@ -42,8 +41,7 @@ def _family(kind: str, name: str, doc: str, labelnames: Sequence[str]) -> Any:
     return _families[name]
 
 
-@dataclass(frozen=True)
-class MetricsExport:
+class MetricsExport(NamedTuple):
     """What ``install`` did: ``exported`` or not, and the one line that says so (INFO when exported, else WARNING)."""
 
     exported: bool

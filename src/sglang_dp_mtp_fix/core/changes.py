@@ -9,8 +9,8 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from sglang_dp_mtp_fix import fingerprint as fp
 from sglang_dp_mtp_fix.config import Config
@@ -20,8 +20,7 @@ from sglang_dp_mtp_fix.core.model import MARKER, ORIGINAL, Kind, Patch, Resolved
 _MISSING = object()
 
 
-@dataclass(frozen=True)
-class ChangeRecord:
+class ChangeRecord(NamedTuple):
     """A read-only view of one replaced attribute."""
 
     owner: Any  # the module or class
@@ -30,15 +29,14 @@ class ChangeRecord:
     patch_id: str | None  # None: the plugin's own seam
 
 
-@dataclass(eq=False)
 class _Change:
-    owner: Any
-    attr: str
-    own: bool  # the original lived in owner's own __dict__ (else: inherited or absent, so undo deletes ours)
-    original: Any
-    new: Any
-    patch_id: str | None
-    rebinds: list[tuple[Any, str]] = field(default_factory=list)  # (module, name) copies we re-pointed
+    __slots__ = ("owner", "attr", "own", "original", "new", "patch_id", "rebinds")
+
+    def __init__(self, owner: Any, attr: str, own: bool, original: Any, new: Any, patch_id: str | None) -> None:
+        self.owner, self.attr, self.patch_id = owner, attr, patch_id
+        self.own = own  # the original lived in owner's own __dict__ (else: inherited or absent, so undo deletes ours)
+        self.original, self.new = original, new
+        self.rebinds: list[tuple[Any, str]] = []  # (module, name) copies we re-pointed
 
 
 class ChangeSet:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sglang_dp_mtp_fix.config import Config
 
@@ -43,8 +43,7 @@ class Kind(str, enum.Enum):
     ADD = "add"  # a new attribute on a class; it must not exist yet
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):  # not a frozen dataclass: ~7x cheaper to define, at every activation
     module: str
     qualname: str  # "func", "Class.method" or, for ADD, the class ("Class")
     kind: Kind = Kind.WRAP
