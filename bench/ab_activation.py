@@ -7,7 +7,6 @@ without the package): that run would be an A/A reported as an A/B."""
 
 from __future__ import annotations
 
-import compileall
 import json
 import os
 import statistics
@@ -16,7 +15,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import ACTIVATION  # noqa: E402
+from bench import ACTIVATION, compile_as_installed  # noqa: E402
 
 DEFAULT_BEFORE_SRC = "/tmp/dsa-old/src"
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DP_MTP_FIX")}
@@ -54,10 +53,8 @@ def check_arms(before_src: str, env: dict[str, dict[str, str]]) -> tuple[str, st
 def main() -> None:
     before_src = os.environ.get("BEFORE_SRC", DEFAULT_BEFORE_SRC)
     env = arms(before_src)
-    # As installed: pip compiles a package at install time. Without this, an arm whose bytecode is missing (a fresh
-    # ``git archive``, or PYTHONDONTWRITEBYTECODE=1) recompiles its sources inside every figure.
     for init in check_arms(before_src, env):
-        compileall.compile_dir(os.path.dirname(init), quiet=1)
+        compile_as_installed(os.path.dirname(init))
     out: dict = {}
     for mode in ("warm", "dsa-warm"):
         for i in range(int(sys.argv[1])):

@@ -205,17 +205,21 @@ print(json.dumps({"ms": (time.perf_counter() - t0) * 1e3, "statuses": [o.status.
 """
 
 
+def compile_as_installed(package_dir: str) -> None:
+    """Compile the plugin as pip does at install time, so a measured process reads its bytecode. Without it (a fresh
+    ``git archive``, or PYTHONDONTWRITEBYTECODE=1) every fresh process recompiles the sources inside its figure."""
+    import compileall
+
+    compileall.compile_dir(package_dir, quiet=1)
+
+
 def activation_time(repeats: int = 5) -> dict:
     """register() in a fresh process after SGLang's own imports ('warm': the speculative modules an EAGLE scheduler
     imports anyway are loaded; 'dsa-warm': the DSA attention modules a DSA model imports are loaded too; 'cold': our
     checks import all of them first, shifting that cost earlier)."""
-    import compileall
-
     import sglang_dp_mtp_fix
 
-    # As installed: pip compiles the package at install time, so a scheduler reads the plugin's bytecode (under
-    # PYTHONDONTWRITEBYTECODE=1 every fresh process would recompile the plugin's sources inside the figure).
-    compileall.compile_dir(os.path.dirname(sglang_dp_mtp_fix.__file__), quiet=1)
+    compile_as_installed(os.path.dirname(sglang_dp_mtp_fix.__file__))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DP_MTP_FIX")}
     out = {}
     for mode in ("warm", "dsa-warm", "cold"):
