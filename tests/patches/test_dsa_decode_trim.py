@@ -22,8 +22,14 @@ in float, row by row, and enforces only the batch contract its real kernel check
   (a Triton GPU kernel): per query row, no metadata.
 - aiter ``mla_decode_fwd`` and the Triton ``get_valid_kv_indices`` (ROCm): batch = ``len(qo_indptr) - 1``; rows past
   it are never written.
-- The page-table transform's Triton kernel, the KV pool and the decode metadata, as in test_dsa_trtllm_trim: the
-  metadata holds the fields the bodies read, one row per real request (what the real planner gives).
+- FlashMLA ``get_mla_metadata`` (the split plan SGLang's ``_compute_flashmla_metadata`` asks for): ``num_splits``
+  with one entry per length + 1.
+- The page-table transform's Triton kernel, the KV pool and the decode metadata: the metadata holds the fields the
+  bodies read as SGLang's planner leaves them under DP padding: one row per real request in ``cache_seqlens_int32``
+  and the page table, while the DSA per-token lengths (``dsa_cache_seqlens_int32``, their prefix sums) and FlashMLA's
+  split plan cover every physical row, the padded ones with zero length (``pad_dsa_cache_seqlens``). A GPU server
+  showed it: with the per-token fields modelled at real rows, a trim that kept FlashMLA-KV's padded split plan passed
+  here and crashed there (``num_splits must have shape (b+1)``).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ TRITON_DECODE = "sglang.kernels.ops.attention.dsa.triton_sparse_mla_decode"
 # Stock verdict with fused top-k, per backend: the _forward_* body survives padded rows (True) or a kernel contract
 # breaks (False). Non-fused top-k fails for every backend in the shared prologue (test below).
 FUSED_STOCK_SURVIVES = {
-    "flashmla_sparse": True, "flashmla_kv": False, "fa3": False, "flashinfer_sparse_mla": False, "tilelang": True,
+    "flashmla_sparse": True, "flashmla_kv": True, "fa3": True, "flashinfer_sparse_mla": True, "tilelang": True,
     "triton": True, "aiter": True,
 }  # fmt: skip
 
@@ -90,6 +96,11 @@ class Kernels:
             raise RuntimeError("FlashMLA sparse: topk_length rows != query rows")
         self.batches.append(q.shape[0])
         return reference(q, kv.reshape(-1, kv.shape[-1]), indices[:, 0], sm_scale, d_v), None, None
+
+    @staticmethod
+    def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None, is_fp8_kvcache=False,
+                         topk=None):  # fmt: skip
+        return torch.empty(0), torch.zeros(cache_seqlens.shape[0] + 1, dtype=torch.int32)
 
     def flash_mla_with_kvcache(self, q, k_cache, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                                softmax_scale, indices, block_table, is_fp8_kvcache):  # fmt: skip
@@ -189,6 +200,7 @@ def kernels(monkeypatch):
     sgl_kernel.flash_mla = types.ModuleType("sgl_kernel.flash_mla")
     sgl_kernel.flash_mla.flash_mla_sparse_fwd = k.flash_mla_sparse_fwd
     sgl_kernel.flash_mla.flash_mla_with_kvcache = k.flash_mla_with_kvcache
+    sgl_kernel.flash_mla.get_mla_metadata = k.get_mla_metadata
     tilelang = types.ModuleType("tilelang_kernel")
     tilelang.tilelang_sparse_fwd = k.tilelang_sparse_fwd
     flashinfer = types.ModuleType("flashinfer")
@@ -225,21 +237,27 @@ def sgl_kernel_topk_backend():
     return next(member for member in DSATopKBackend if member.is_sgl_kernel())
 
 
-def make_backend(impl: str, real: int, fused: bool, kernels: Kernels):
-    """The real backend class, built without its GPU-allocating __init__; only the attributes the bodies read."""
+def make_backend(impl: str, real: int, fused: bool, kernels: Kernels, physical: int | None = None):
+    """The real backend class, built without its GPU-allocating __init__; only the attributes the bodies read, with
+    the decode metadata of ``real`` requests DP-padded to ``physical`` rows (default: unpadded)."""
     from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 
+    physical = physical or real
     gen = torch.Generator().manual_seed(7)
     backend = object.__new__(DeepseekSparseAttnBackend)
     page_table = torch.arange(1, real * CONTEXT + 1, dtype=torch.int32).view(real, CONTEXT)
-    one_per_request = torch.arange(real + 1, dtype=torch.int32)
+    # pad_dsa_cache_seqlens: the real rows' DSA lengths, then zero-length rows up to the DP-padded row count
+    dsa_lengths = torch.cat(
+        [torch.full((real,), VALID, dtype=torch.int32), torch.zeros(physical - real, dtype=torch.int32)]
+    )
+    dsa_prefix_sums = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(dsa_lengths, 0, dtype=torch.int32)])
     backend.forward_metadata = types.SimpleNamespace(  # STAND-IN: see module docstring
         page_table_1=page_table, cache_seqlens_int32=torch.full((real,), CONTEXT, dtype=torch.int32),
-        dsa_cache_seqlens_int32=torch.full((real,), VALID, dtype=torch.int32), max_seq_len_k=CONTEXT,
-        dsa_cu_seqlens_q=one_per_request, cu_seqlens_q=one_per_request,
-        dsa_cu_seqlens_k=torch.arange(0, VALID * (real + 1), VALID, dtype=torch.int32), dsa_max_seqlen_q=1,
-        max_seq_len_q=1, flashmla_metadata=types.SimpleNamespace(flashmla_metadata=torch.empty(0),
-                                                                 num_splits=torch.zeros(real + 1, dtype=torch.int32)),
+        dsa_cache_seqlens_int32=dsa_lengths, max_seq_len_k=CONTEXT,
+        dsa_cu_seqlens_q=torch.arange(physical + 1, dtype=torch.int32),
+        cu_seqlens_q=torch.arange(real + 1, dtype=torch.int32), dsa_cu_seqlens_k=dsa_prefix_sums, dsa_max_seqlen_q=1,
+        max_seq_len_q=1, flashmla_metadata=types.SimpleNamespace(
+            flashmla_metadata=torch.empty(0), num_splits=torch.zeros(physical + 1, dtype=torch.int32)),
     )  # fmt: skip
     backend.__dict__.update(
         dsa_decode_impl=impl, use_fused_topk=fused, hisparse_coordinator=None, dsa_index_kpool=1, device_sm_major=9,
@@ -300,7 +318,7 @@ def test_stock_padded_nonfused_decode_fails_in_the_shared_prologue(kernels, impl
     """Non-fused top-k (PD decode with IndexShare seeds up to 0.5.17; SGLANG_DSA_FUSE_TOPK=0 anywhere): every
     backend fails the page-table transform's row assertion before its _forward_* is reached."""
     with pytest.raises(AssertionError):
-        run(make_backend(impl, 2, False, kernels), decode_inputs(4, 2, fused=False))
+        run(make_backend(impl, 2, False, kernels, physical=4), decode_inputs(4, 2, fused=False))
     assert kernels.batches == []  # no attention kernel was reached
 
 
@@ -311,10 +329,10 @@ def test_stock_padded_fused_decode_per_backend(kernels, impl):
     inputs = decode_inputs(4, 2, fused=True)
     if not FUSED_STOCK_SURVIVES[impl]:
         with pytest.raises(RuntimeError):
-            run(make_backend(impl, 2, True, kernels), inputs)
+            run(make_backend(impl, 2, True, kernels, physical=4), inputs)
         return
     unpadded = run(make_backend(impl, 2, True, kernels), sliced(inputs, 2))
-    out = run(make_backend(impl, 2, True, kernels), inputs)
+    out = run(make_backend(impl, 2, True, kernels, physical=4), inputs)
     assert out.shape[0] == 4 and torch.equal(rows_of(out)[:2], rows_of(unpadded))
 
 
@@ -330,7 +348,7 @@ def test_padded_decode_attends_real_rows_and_zero_pads(restored, kernels, impl, 
     unpadded = run(make_backend(impl, real, fused, kernels), sliced(inputs, real))
     kernels.batches.clear()
 
-    out = run(make_backend(impl, real, fused, kernels), inputs)
+    out = run(make_backend(impl, real, fused, kernels, physical=physical), inputs)
 
     assert out.shape == (physical, *unpadded.shape[1:])  # the physical DP shape the MLP/EP collectives expect
     assert torch.equal(out[:real], unpadded)  # bit-identical to the unpadded computation
@@ -343,7 +361,7 @@ def test_kv_save_writes_only_real_rows_and_forward_batch_is_restored(restored, k
     inputs = decode_inputs(4, 2, fused=True)
     forward_batch = inputs["forward_batch"]
     out_cache_loc = forward_batch.out_cache_loc
-    run(make_backend("tilelang", 2, True, kernels), inputs, save_kv_cache=True)
+    run(make_backend("tilelang", 2, True, kernels, physical=4), inputs, save_kv_cache=True)
     (loc,) = kernels.kv_writes
     assert loc.tolist() == [1, 2]  # the padding rows' dummy slot 0 is not written
     assert forward_batch.out_cache_loc is out_cache_loc and forward_batch.batch_size == 4
@@ -352,12 +370,14 @@ def test_kv_save_writes_only_real_rows_and_forward_batch_is_restored(restored, k
 def test_forward_batch_is_restored_when_the_body_raises(restored, kernels):
     restored.register()
     inputs = decode_inputs(4, 2, fused=True)
-    backend = make_backend("flashmla_kv", 2, True, kernels)
-    backend.forward_metadata.flashmla_metadata = None  # the real _forward_flashmla_kv asserts on it
+    backend = make_backend("flashmla_kv", 2, True, kernels, physical=4)
+    metadata = backend.forward_metadata
+    metadata.flashmla_metadata = None  # the real _forward_flashmla_kv asserts on it
     out_cache_loc = inputs["forward_batch"].out_cache_loc
     with pytest.raises(AssertionError):
         run(backend, inputs)
     assert inputs["forward_batch"].out_cache_loc is out_cache_loc and inputs["forward_batch"].batch_size == 4
+    assert backend.forward_metadata is metadata
 
 
 def test_unpadded_trtllm_and_hisparse_calls_are_the_stock_call(restored, kernels):
@@ -375,7 +395,7 @@ def test_unpadded_trtllm_and_hisparse_calls_are_the_stock_call(restored, kernels
     wrapper = make_forward_decode(spy)
     cases = [("tilelang", 4, {}), ("trtllm", 2, {}), ("tilelang", 2, {"hisparse_coordinator": object()})]
     for impl, real, extra in cases:
-        backend = make_backend(impl, real, True, kernels)
+        backend = make_backend(impl, real, True, kernels, physical=4)
         backend.__dict__.update(extra)
         inputs = decode_inputs(4, real, fused=True)
         assert wrapper(backend, inputs["q"], inputs["k"], inputs["v"], inputs["layer"], inputs["forward_batch"]) \

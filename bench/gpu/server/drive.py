@@ -54,14 +54,32 @@ MODEL = os.environ.get("DRIVE_MODEL", os.path.join(CARRY, "model"))
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SUMMARY: dict[str, Any] = {"release": RELEASE, "t_start": time.time()}
 
+# The model tier (the carry decides it: fetch.sh TIER): "qwen" (Qwen3-MoE, triton attention, the trigger emulates the
+# seeding draft worker) or "dsa" (GlmMoeDsaForCausalLM, DSA attention, MTP IndexShare from the model's own config:
+# SGLang makes every PD arrival seedless itself, and the trigger plugin only observes). DSA_KV picks the DSA KV cache
+# and backends: bf16 with flashmla_sparse (Hopper's bf16 default, fa3, is not carried: 342 MB) or fp8 with flashmla_kv
+# (SGLang's Hopper FP8 default).
+TIER = os.environ.get("DRIVE_TIER") or ("dsa" if os.path.isdir(os.path.join(CARRY, "dg")) else "qwen")
+DSA_KV = os.environ.get("DSA_KV", "bf16")
+
+
+def attention_flags(tier: str, kv: str = DSA_KV) -> list[str]:
+    if CPU:
+        return ["--attention-backend", "torch_native"]
+    if tier != "dsa":
+        return ["--attention-backend", "triton"]
+    backend = "flashmla_kv" if kv == "fp8" else "flashmla_sparse"
+    return ["--attention-backend", "dsa", "--kv-cache-dtype", "fp8_e4m3" if kv == "fp8" else "bfloat16",
+            "--dsa-prefill-backend", backend, "--dsa-decode-backend", backend, "--page-size", "64"]  # fmt: skip
+
+
 if CPU:
     BASE = ["--model-path", MODEL, "--load-format", "dummy", "--host", "127.0.0.1", "--device", "cpu",
-            "--attention-backend", "torch_native", "--disable-cuda-graph", "--max-total-tokens", "2048",
-            "--random-seed", "1"]  # fmt: skip
+            "--disable-cuda-graph", "--max-total-tokens", "2048", "--random-seed", "1"]  # fmt: skip
 else:
     BASE = [
         "--model-path", MODEL, "--load-format", "dummy", "--host", "127.0.0.1",
-        "--attention-backend", "triton", "--sampling-backend", "pytorch", "--moe-runner-backend", "triton",
+        "--sampling-backend", "pytorch", "--moe-runner-backend", "triton",
         "--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion",
         "--mem-fraction-static", "0.25", "--max-total-tokens", "16384", "--max-running-requests", "16",
         "--cuda-graph-max-bs-decode", "16", "--disable-prefill-cuda-graph", "--decode-log-interval", "10",
@@ -124,8 +142,9 @@ class Node:
 class Server:
     """One server: two nodes on this GPU (dp2: DP attention over 2 ranks) or one node (--tp 1)."""
 
-    def __init__(self, name: str, flags: list[str], env: dict[str, str], dp2: bool = True) -> None:
+    def __init__(self, name: str, flags: list[str], env: dict[str, str], dp2: bool = True, kv: str = DSA_KV) -> None:
         self.name, self.dp2, self.pd = name, dp2, "--disaggregation-mode" in flags
+        self.flags = [*BASE, *attention_flags(TIER, kv), *flags]
         self.logdir = os.path.join(LOGS, name)
         os.makedirs(self.logdir, exist_ok=True)
         with _port_lock:
@@ -134,11 +153,11 @@ class Server:
         self.ready_s: float | None = None
         self.t_start = time.monotonic()
         if not dp2:
-            self.nodes[0] = Node("node0", [*BASE, *flags, "--tp", "1", "--port", str(self.port)],
+            self.nodes[0] = Node("node0", [*self.flags, "--tp", "1", "--port", str(self.port)],
                                  self._env(env, 0), self.logdir)  # fmt: skip
             self._pending0: tuple[list[str], dict[str, str]] | None = None
             return
-        common = [*BASE, *flags, "--tp", "2", "--dp", "2", "--enable-dp-attention", "--nnodes", "2",
+        common = [*self.flags, "--tp", "2", "--dp", "2", "--enable-dp-attention", "--nnodes", "2",
                   "--dist-init-addr", f"127.0.0.1:{self.port + 500}"]  # fmt: skip
         self.nodes[1] = Node("node1", [*common, "--node-rank", "1", "--port", str(self.port + 200)],
                              self._env(env, 1), self.logdir)  # fmt: skip
@@ -152,8 +171,11 @@ class Server:
             env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_CPU_OMP_THREADS_BIND="0|1", LAUNCH_CPU_ATTN_OPS="1",
                        SGLANG_PLUGINS="dp_mtp_fix,launch_cpu_gaps")  # fmt: skip
             env["PYTHONPATH"] = os.environ["DRIVE_CPU_PATH"] + ":" + env.get("PYTHONPATH", "")
-        else:  # SGLang's own switches: flashinfer paths off, DeepGEMM off (both are stand-ins here)
+        else:  # SGLang's own switches: flashinfer paths off, DeepGEMM's JIT GEMMs off (bf16 model; the DSA indexer
+            # calls deep_gemm's paged MQA logits directly)
             env.update(SGLANG_IS_FLASHINFER_AVAILABLE="false", SGLANG_ENABLE_JIT_DEEPGEMM="false")
+            if TIER == "dsa":  # else the GLM router binds the stand-in's fused_topk_deepseek (stubs/flashinfer)
+                env["FLASHINFER_STUB_REFUSE"] = "flashinfer.fused_moe"
             if self.dp2:
                 env.update(NCCL_HOSTID=f"gpuserver-node{rank}", NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo",
                            NCCL_IB_DISABLE="1", NCCL_NET="Socket", NCCL_DEBUG="INFO",
@@ -224,11 +246,13 @@ def tails(s: Server, n: int) -> str:
 _room = [1000]
 
 
-def generate(s: Server, rid: str, rank: int, n: int, timeout: float = 120) -> dict[str, Any]:
+def generate(
+    s: Server, rid: str, rank: int, n: int, timeout: float = 120, input_ids: list[int] | None = None
+) -> dict[str, Any]:
     with _port_lock:
         _room[0] += 1 + (_room[0] + 1 - rank) % 2  # bootstrap_room % 2 == routed rank (fake transfer)
         room = _room[0]
-    body: dict[str, Any] = {"rid": rid, "input_ids": [1, 5 + room % 50, 6, 7],
+    body: dict[str, Any] = {"rid": rid, "input_ids": input_ids or [1, 5 + room % 50, 6, 7],
                             "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}  # fmt: skip
     if s.dp2:
         body["routed_dp_rank"] = rank
@@ -284,6 +308,8 @@ def trigger_env(name: str, stock: bool, init_comms: bool) -> tuple[dict[str, str
            "SGLANG_DP_MTP_FIX_STATS": "5", "PYTHONPATH": os.path.join(HERE, "trigger")}  # fmt: skip
     if CPU:
         env["SEEDLESS_TRIGGER_CPU_VOTE"] = "1"
+    if TIER == "dsa":  # the model's own config seeds: no trigger in SGLang's path, the plugin only records
+        env.update(SEEDLESS_TRIGGER_OBSERVE_ONLY="1", SEEDLESS_TRIGGER_DSA="1")
     if init_comms:
         env["SEEDLESS_TRIGGER_INIT_COMMS"] = "1"
     if stock:
@@ -416,7 +442,7 @@ def stage_hang() -> None:
     arms = [(st, arm) for st in sets for arm in ("patched", "stock")]
     envs = {(st, arm): trigger_env(f"{st}-{arm}", arm == "stock", st == "steady") for st, arm in arms}
     servers = {a: Server(f"{a[0]}-{a[1]}", MTP + PD + HANG_FLAGS, envs[a][0]) for a in arms}
-    say("hang servers:", *(a.name for a in servers.values()), "\nflags:", *(BASE + MTP + PD + HANG_FLAGS))
+    say("hang servers:", *(a.name for a in servers.values()), "\nflags:", *next(iter(servers.values())).flags)
     start_all(list(servers.values()))
     result: dict[str, Any] = {}
     for st, arm in arms:
@@ -456,6 +482,100 @@ def stage_hang() -> None:
                 say(f"  rank {rank} main thread:\n    " + "\n    ".join(stack[:16]))
             say(f"  watchdog {json.dumps(rec['stuck']['watchdog'])[:1500]}")
     SUMMARY["hang"] = result
+
+
+# --- the DSA trims at work (DSA tier) ---------------------------------------------------------------------------------
+TRIM_PROMPT = [1, 9, 17, 33, 41, 57, 6, 7]
+
+
+def dsa_evidence(records: str, since: float) -> dict[str, Any]:
+    """The observer's DSA records after ``since``: padded eager decode calls (dsa_decode_trim's case) and eager
+    indexer calls on idle ranks (dsa_idle_index's case), per rank."""
+    recs = [r for r in read_records(records) if r.get("t", 0) >= since]
+    padded = [r for r in recs if r["kind"] == "dsa-decode-padded"]
+    idle = [r for r in recs if r["kind"] == "dsa-idle-index"]
+    return {
+        "padded_decode_calls": {rk: sum(1 for r in padded if r["rank"] == rk) for rk in (0, 1)},
+        "padded_rows_zero": all(r["pad_zero"] and r["out_rows"] == r["physical"] for r in padded),
+        "padded_shapes": sorted({f"{r['planned']}->{r['physical']}" for r in padded}),
+        "padded_impl": sorted({r["impl"] for r in padded}),
+        "forward_decode": sorted({r["forward_decode"] for r in padded}),
+        "idle_index_calls": {rk: sum(1 for r in idle if r["rank"] == rk) for rk in (0, 1)},
+        "idle_all_invalid": all(r["all_invalid"] is not False for r in idle),
+        "idle_rows": sorted({r["rows"] for r in idle}), "idle_steps": sorted({r["step"] for r in idle})[:12],
+        "observer_errors": [r for r in recs if r["kind"] == "observer-error"][:3],
+    }  # fmt: skip
+
+
+def trim_case(s: Server, records: str, n: int) -> dict[str, Any]:
+    """One request S (TRIM_PROMPT, greedy, DP rank 1) served alone, then beside three arrivals on rank 0 and two more
+    while S decodes, then alone again. Every PD arrival is seedless for its first draft step, so each arrival makes
+    the group run an eager draft round; beside rank 0's rows, S's rank is DP-padded (MAX_LEN) in those rounds and its
+    DSA decode is trimmed. Greedy tokens must not depend on it."""
+    res: dict[str, Any] = {}
+
+    def solo(tag: str) -> list[int]:
+        t = time.time()
+        out = generate(s, f"trim-{tag}", 1, n, 120, TRIM_PROMPT)
+        res[f"{tag}_dsa"] = dsa_evidence(records, t)
+        res[f"{tag}_problem"] = served(out, n, 1)
+        return list(out.get("output_ids") or [])
+
+    alone = solo("alone")
+    t = time.time()
+    with ThreadPoolExecutor(6) as pool:
+        mine = pool.submit(generate, s, "trim-beside", 1, n, 120, TRIM_PROMPT)
+        peers = [pool.submit(generate, s, f"trim-peer-{k}", 0, n) for k in range(3)]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not mine.done():  # S decoding with a seed: then two late arrivals
+            steps = [r for r in read_records(records) if r["kind"] == "draft" and "trim-beside" in r.get("rids", [])]
+            if sum(1 for r in steps if r["seed"] is not None) >= 3:
+                break
+            time.sleep(0.05)
+        peers += [pool.submit(generate, s, f"trim-late-{k}", 0, 8) for k in range(2)]
+        beside = list(mine.result().get("output_ids") or [])
+        peer_problems = [served(f.result(), w, 0) for f, w in zip(peers, [n, n, n, 8, 8], strict=True)]
+    res["beside_dsa"] = dsa_evidence(records, t)
+    res["peer_problems"] = [p for p in peer_problems if p]
+    again = solo("again")
+    res.update(tokens=n, alone=alone, beside=beside, again=again, identical=alone == beside == again)
+    return res
+
+
+def stage_trim() -> None:
+    """DSA tier: the plugin's DSA patches doing their work in a real server, bf16 KV (flashmla_sparse) and FP8 KV
+    (flashmla_kv), patched arm only (stock would hang at the first split, stage hang)."""
+    kvs = os.environ.get("TRIM_KV", "bf16 fp8").split()
+    n = int(os.environ.get("TRIM_TOKENS", "24"))
+    arms = {kv: trigger_env(f"trim-{kv}", stock=False, init_comms=False) for kv in kvs}
+    servers = {kv: Server(f"trim-{kv}", MTP + PD + HANG_FLAGS, arms[kv][0], kv=kv) for kv in kvs}
+    start_all(list(servers.values()))
+    result: dict[str, Any] = {}
+    for kv, s in servers.items():
+        records = arms[kv][1]
+        rec: dict[str, Any] = {"ready_s": s.ready_s, "flags": attention_flags(TIER, kv)}
+        result[kv] = rec
+        try:
+            if s.ready_s is not None and left() > 60:
+                rec.update(trim_case(s, records, n))
+        except Exception as exc:  # noqa: BLE001 - keep the evidence
+            rec["error"] = repr(exc)[:500]
+            rec["stuck"] = stuck_evidence(s, records)
+        rec["records"] = analyze(records)
+        rec["logs"] = log_evidence(s)
+        s.kill()
+        SUMMARY["trim"] = result
+        write_summary()
+        brief = {k: rec.get(k) for k in ("ready_s", "identical", "peer_problems", "error")}
+        say(f"trim {kv}: {json.dumps(brief)}")
+        for tag in ("alone", "beside", "again"):
+            if f"{tag}_dsa" in rec:
+                say(f"  {tag}: {json.dumps(rec[f'{tag}_dsa'])}")
+        say(f"  tokens alone {rec.get('alone')}\n  tokens beside {rec.get('beside')}")
+        a = rec["records"]
+        say(f"  draft steps {a['draft_steps']} paths {a['paths']} seedless {a['seedless_steps'][:10]}")
+        say(f"  split {a['split_steps'][:8]}")
+    SUMMARY["trim"] = result
 
 
 # --- A/B --------------------------------------------------------------------------------------------------------------
@@ -547,7 +667,7 @@ def main() -> None:
             SUMMARY.setdefault("not_run", []).append(stage)
             continue
         try:
-            {"hang": stage_hang, "ab": stage_ab}[stage]()
+            {"hang": stage_hang, "ab": stage_ab, "trim": stage_trim}[stage]()
         except Exception:  # noqa: BLE001 - keep what the other stages and arms found
             SUMMARY.setdefault("driver_errors", []).append(traceback.format_exc())
             say(f"{stage}: driver error\n{traceback.format_exc()}")

@@ -9,7 +9,8 @@ How:      An around-wrapper on ``DeepseekSparseAttnBackend.forward_decode``, the
           prologue (its body and every ``_forward_*`` stay SGLang's). When the query has more rows than the planned
           metadata (``cache_seqlens_int32``) it passes the first ``real`` rows of ``q``, ``k``, ``v``, ``q_rope``,
           ``k_rope``, ``topk_indices`` and, for the call only, of ``forward_batch.out_cache_loc`` (KV save) and
-          ``batch_size`` (aiter), then zero-pads the output to the physical rows. TRT-LLM routes
+          ``batch_size`` (aiter), and hands the body decode metadata cut to those rows (``rows_only_metadata``), then
+          zero-pads the output to the physical rows. TRT-LLM routes
           (``dsa_trtllm_trim``'s seam), HiSparse (its coordinator reads padded request rows) and unpadded calls are
           the stock call. No host sync: row counts are shapes, slices are views. Applied when ``dsa_backend`` is
           imported (``deferred_until_import``).
@@ -21,6 +22,7 @@ Removable when: the oldest supported release trims padded decode rows for every 
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -38,7 +40,37 @@ RESOLVE_KPOOL = Target(
     Kind.CHECK,
     required=False,
 )
+# Premise of rows_only_metadata: FlashMLA-KV's split plan for given per-token lengths (called, never changed).
+COMPUTE_FLASHMLA_PLAN = Target(DSA_BACKEND, "DeepseekSparseAttnBackend._compute_flashmla_metadata", Kind.CHECK)
 TRTLLM = "trtllm"
+# DSA's per-token decode lengths, and their prefix sums, which SGLang pads to the DP-padded row count with zero lengths
+# at the end (dsa/utils.py pad_dsa_cache_seqlens) while cache_seqlens_int32 keeps one row per real request.
+PER_TOKEN_LENGTHS = "dsa_cache_seqlens_int32"
+PREFIX_SUMS = ("dsa_cu_seqlens_q", "dsa_cu_seqlens_k")
+
+
+def rows_only_metadata(backend: Any, metadata: Any, real: int) -> Any:
+    """``metadata`` as planned for the first ``real`` rows only, for the trimmed call; ``metadata`` itself when its
+    DSA lengths are not padded.
+
+    The padded rows have zero length and sit at the end, so the first ``real`` lengths and ``real + 1`` prefix sums are
+    the real rows' plan. FlashMLA-KV's split plan (``flashmla_metadata``: tile schedule and ``num_splits``, one per row
+    + 1) covers every padded row, so it is planned again by SGLang's own ``_compute_flashmla_metadata`` for the real
+    lengths: its kernel checks ``num_splits`` against the query rows. A shallow copy: the original is not touched.
+    """
+    lengths = getattr(metadata, PER_TOKEN_LENGTHS, None)
+    if lengths is None or lengths.shape[0] <= real:
+        return metadata
+    cut = copy.copy(metadata)
+    object.__setattr__(cut, PER_TOKEN_LENGTHS, lengths[:real])  # the metadata dataclass is frozen in some releases
+    for name in PREFIX_SUMS:
+        sums = getattr(metadata, name, None)
+        if sums is not None and sums.shape[0] > real + 1:
+            object.__setattr__(cut, name, sums[: real + 1])
+    if getattr(metadata, "flashmla_metadata", None) is not None:
+        plan = backend._compute_flashmla_metadata(cache_seqlens=lengths[:real], seq_len_q=1)
+        object.__setattr__(cut, "flashmla_metadata", plan)
+    return cut
 
 
 def decode_impl(backend: Any, topk_indices: Any) -> str:
@@ -78,10 +110,12 @@ def make_forward_decode(original: Any) -> Any:
                 self, q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, topk_indices, *args, **kwargs
             )
         out_cache_loc, batch_size = forward_batch.out_cache_loc, forward_batch.batch_size
+        metadata = self.forward_metadata
         forward_batch.out_cache_loc = leading_rows(out_cache_loc, real)
         if isinstance(batch_size, int) and batch_size > real:
             forward_batch.batch_size = real
         try:
+            self.forward_metadata = rows_only_metadata(self, metadata, real)
             out = original(
                 self,
                 leading_rows(q, real),
@@ -98,6 +132,7 @@ def make_forward_decode(original: Any) -> Any:
             )
         finally:
             forward_batch.out_cache_loc, forward_batch.batch_size = out_cache_loc, batch_size
+            self.forward_metadata = metadata
         return zero_pad_rows(out, physical)
 
     return forward_decode
@@ -105,7 +140,7 @@ def make_forward_decode(original: Any) -> Any:
 
 class DsaDecodeTrim(Patch):
     id = "dsa_decode_trim"
-    targets = (FORWARD_DECODE, RESOLVE_KPOOL)
+    targets = (FORWARD_DECODE, RESOLVE_KPOOL, COMPUTE_FLASHMLA_PLAN)
     # Checked and applied when SGLang imports dsa_backend (see dsa_trtllm_trim); "not-loaded" until then.
     deferred_until_import = DSA_BACKEND
 

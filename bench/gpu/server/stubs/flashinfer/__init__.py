@@ -5,7 +5,10 @@ it: run.sh sets SGLang's own switch ``SGLANG_IS_FLASHINFER_AVAILABLE=false`` (ev
 path off), the launch selects triton attention, pytorch sampling and triton MoE. It must still import, because
 SGLang imports parts of it unconditionally on CUDA (``from flashinfer import bmm_fp8``, ``flashinfer.sampling``).
 Any submodule imports, except ``flashinfer.norm``: sgl_kernel 0.4.5's ``rmsnorm`` uses ``flashinfer.norm`` whenever
-that import succeeds, else its own kernel, so it is refused as if flashinfer were absent. Capitalised attributes are
+that import succeeds, else its own kernel, so it is refused as if flashinfer were absent. ``FLASHINFER_STUB_REFUSE``
+(comma-separated) refuses more: the DSA tier refuses ``flashinfer.fused_moe``, else SGLang binds its
+``fused_topk_deepseek`` and the GLM-5 router (sigmoid, ``noaux_tc``) would call it instead of SGLang's Triton
+``moe_fused_gate``. Capitalised attributes are
 classes whose instantiation raises; other attributes chain, and calling one raises ``StubCalled``: nothing pretends
 to compute, and a log with no ``StubCalled`` shows it was never called.
 """
@@ -13,13 +16,14 @@ to compute, and a log with no ``StubCalled`` shows it was never called.
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import sys
 import types
 from typing import Any
 
 __version__ = "0.6.15.post1"
 __path__: list[str] = []
-_REFUSED = ("flashinfer.norm",)
+_REFUSED = ("flashinfer.norm", *filter(None, os.environ.get("FLASHINFER_STUB_REFUSE", "").split(",")))
 
 
 class StubCalled(RuntimeError):

@@ -23,6 +23,14 @@ worker exists (end of ``Scheduler.maybe_init_draft_worker``), and each draft ste
 it is applied), stock's guard on the same objects, and the path taken. SIGUSR1 dumps every thread's stack
 (``faulthandler``) to ``stack-<pid>.txt`` there.
 
+DSA model (``SEEDLESS_TRIGGER_OBSERVE_ONLY=1``): the model's own config seeds (GLM-5 MTP IndexShare), so the trigger's
+wrapper is not installed at all and every seedless arrival is SGLang's own; only the observer runs. With
+``SEEDLESS_TRIGGER_DSA=1`` it also records, after the draft worker exists (graphs captured, so replays never see it),
+every eager DSA decode call whose query has more rows than its planned metadata (``dsa-decode-padded``: physical and
+planned rows, the ``forward_decode`` in place, whether the padding rows came back zero) and every eager indexer call
+on an IDLE batch (``dsa-idle-index``: rows, and whether every returned top-k index is -1). These calls go through
+the plugin's ``dsa_decode_trim`` / ``dsa_idle_index`` wrappers where applied; the observer reads their results only.
+
 Knobs: ``SEEDLESS_TRIGGER_INIT_COMMS=1`` runs one 1-element all-reduce on the device group of every SGLang group of
 more than one rank at that same point on every rank, so that torch's NCCL communicators exist before the first
 request (the steady state of a server that ran an eager collective before; torch creates them lazily).
@@ -54,6 +62,23 @@ def register() -> None:
     _state["stack_file"] = open(os.path.join(records, f"stack-{os.getpid()}.txt"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=_state["stack_file"], all_threads=True)
 
+    if os.environ.get("SEEDLESS_TRIGGER_OBSERVE_ONLY") != "1":
+        _install_trigger()
+    init_draft = scheduler_mod.Scheduler.__dict__["maybe_init_draft_worker"]
+    if getattr(init_draft, _MARK, False):
+        return
+
+    @functools.wraps(init_draft)
+    def maybe_init_draft_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = init_draft(self, *args, **kwargs)
+        _observe(self, records)
+        return out
+
+    setattr(maybe_init_draft_worker, _MARK, True)
+    scheduler_mod.Scheduler.maybe_init_draft_worker = maybe_init_draft_worker
+
+
+def _install_trigger() -> None:
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
     read_config = EagleDraftWorker.__dict__["_init_dsa_index_share_state"]
@@ -70,16 +95,6 @@ def register() -> None:
 
     setattr(seeding_state, _MARK, True)
     EagleDraftWorker._init_dsa_index_share_state = seeding_state
-
-    init_draft = scheduler_mod.Scheduler.__dict__["maybe_init_draft_worker"]
-
-    @functools.wraps(init_draft)
-    def maybe_init_draft_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = init_draft(self, *args, **kwargs)
-        _observe(self, records)
-        return out
-
-    scheduler_mod.Scheduler.maybe_init_draft_worker = maybe_init_draft_worker
 
 
 def _write(rec: dict[str, Any]) -> None:
@@ -101,6 +116,8 @@ def _observe(scheduler: Any, records: str) -> None:
         _create_torch_communicators(rank)
     if os.environ.get("SEEDLESS_TRIGGER_CPU_VOTE") == "1":
         _cpu_vote()
+    if os.environ.get("SEEDLESS_TRIGGER_DSA") == "1":
+        _observe_dsa()
 
     prepare = eagle_worker_v2.__dict__["prepare_for_draft"]
 
@@ -160,3 +177,71 @@ def _record(draft_input: Any, batch: Any, forward_batch: Any, can_run: Any) -> N
             "global_num_tokens": None if gnt is None else list(gnt),
             "seed": None if seed is None else list(seed.shape), "can_run": bool(can_run),
             "stock_guard_eager": guard, "path": "graph" if can_run and not guard else "eager"})  # fmt: skip
+
+
+def _observe_dsa() -> None:
+    import gc
+
+    import torch
+    from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+
+    def eager() -> bool:
+        return not torch.cuda.is_current_stream_capturing()
+
+    decode = DeepseekSparseAttnBackend.forward_decode  # the plugin's dsa_decode_trim wrapper where it is applied
+
+    @functools.wraps(decode)
+    def forward_decode(self: Any, q: Any, *args: Any, **kwargs: Any) -> Any:
+        out = decode(self, q, *args, **kwargs)
+        try:
+            seqlens = getattr(getattr(self, "forward_metadata", None), "cache_seqlens_int32", None)
+            planned = None if seqlens is None else int(seqlens.shape[0])
+            if planned is not None and planned < q.shape[0] and eager():
+                pad = out.reshape(out.shape[0], -1)[planned:]
+                _write({"kind": "dsa-decode-padded", "rank": _state["rank"], "step": _state["step"],
+                        "t": round(time.time(), 4), "physical": int(q.shape[0]), "planned": planned,
+                        "out_rows": int(out.shape[0]), "pad_zero": bool(pad.abs().amax().item() == 0),
+                        "impl": str(getattr(self, "dsa_decode_impl", "")),
+                        "forward_decode": code_of(decode)})  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the observer never changes the run
+            _write({"kind": "observer-error", "rank": _state["rank"], "error": repr(exc)})
+        return out
+
+    DeepseekSparseAttnBackend.forward_decode = forward_decode
+
+    # Indexer binds its forward at construction (MultiPlatformOp._forward_method): wrap each instance's bound method
+    def observe_indexer(bound: Any) -> Any:
+        @functools.wraps(bound)
+        def forward(x: Any, q_lora: Any, positions: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+            out = bound(x, q_lora, positions, forward_batch, *args, **kwargs)
+            try:
+                if forward_batch.forward_mode.is_idle() and eager():
+                    rows = (x[0] if isinstance(x, tuple) else x).shape[0]
+                    _write({"kind": "dsa-idle-index", "rank": _state["rank"], "step": _state["step"],
+                            "t": round(time.time(), 4), "rows": int(rows),
+                            "topk": None if out is None else list(out.shape),
+                            "all_invalid": None if out is None else bool((out < 0).all().item()),
+                            "forward": code_of(bound)})  # fmt: skip
+            except Exception as exc:  # noqa: BLE001
+                _write({"kind": "observer-error", "rank": _state["rank"], "error": repr(exc)})
+            return out
+
+        return forward
+
+    indexers = [o for o in gc.get_objects() if isinstance(o, Indexer)]
+    for ix in indexers:  # 0.5.20 resolves the method lazily (kernels/fused_op.py): resolve it now, as its forward does
+        bound = ix._forward_method
+        if bound is None and hasattr(ix, "_resolve_forward_method"):
+            bound = ix._resolve_forward_method()
+        if callable(bound):
+            ix._forward_method = observe_indexer(bound)
+    _write({"kind": "dsa-observer", "rank": _state["rank"], "indexers": len(indexers),
+            "forward_decode": code_of(decode)})  # fmt: skip
+
+
+def code_of(fn: Any) -> str:
+    """Where the function in place was written (functools.wraps copies the name, not the code): the plugin's wrapper
+    or SGLang's own body."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return "?" if code is None else f"{code.co_filename.rsplit('/site-packages/', 1)[-1]}:{code.co_name}"
