@@ -601,13 +601,35 @@ def workload(s: Server, tokens: int, per_rank: int, waves: int, solo: int) -> di
             "bad": bad[:4]}  # fmt: skip
 
 
+def ab_model_flags() -> list[str]:
+    """DSA tier: the A/B model has MTP IndexShare off (``AB_INDEX_SHARE=1`` keeps it). With it on, stock hangs at the
+    first seedless PD arrival beside a replaying peer (stage hang; seen in the A/B warm-up of 2026-12-03), so the B arm
+    could not be timed; with it off SGLang never seeds, stock has no seedless eager fallback to take, and the plugin's
+    vote and wrappers still run every round. A later --model-path wins over BASE's."""
+    if TIER != "dsa" or os.environ.get("AB_INDEX_SHARE", "0") == "1":
+        return []
+    path = os.path.join(LOGS, "model-ab")
+    os.makedirs(path, exist_ok=True)
+    for name in os.listdir(MODEL):
+        with open(os.path.join(MODEL, name)) as src, open(os.path.join(path, name), "w") as dst:
+            dst.write(src.read())
+    with open(os.path.join(MODEL, "config.json")) as f:
+        config = json.load(f)
+    config["index_share_for_mtp_iteration"] = False
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    SUMMARY["ab_model"] = {"path": path, "index_share_for_mtp_iteration": False}
+    return ["--model-path", path]
+
+
 def stage_ab() -> None:
     tokens, per_rank = int(os.environ.get("AB_TOKENS", "32")), int(os.environ.get("AB_PER_RANK", "4"))
     waves, solo = int(os.environ.get("AB_WAVES", "3")), int(os.environ.get("AB_SOLO", "4"))
     rounds = int(os.environ.get("AB_ROUNDS", "6"))
-    servers = {"A": Server("ab-A", MTP + PD, {}), "B": Server("ab-B", MTP + PD, {"SGLANG_DP_MTP_FIX": "off"})}
+    flags = MTP + PD + ab_model_flags()
+    servers = {"A": Server("ab-A", flags, {}), "B": Server("ab-B", flags, {"SGLANG_DP_MTP_FIX": "off"})}
     if os.environ.get("AB_TP1", "1") == "1":
-        servers["T"] = Server("ab-T", MTP + PD, {}, dp2=False)
+        servers["T"] = Server("ab-T", flags, {}, dp2=False)
     say("ab servers: " + " ".join(s.name for s in servers.values()))
     start_all(list(servers.values()))
     up = [k for k, s in servers.items() if s.ready_s is not None]
