@@ -247,13 +247,21 @@ _room = [1000]
 
 
 def generate(
-    s: Server, rid: str, rank: int, n: int, timeout: float = 120, input_ids: list[int] | None = None
+    s: Server,
+    rid: str,
+    rank: int,
+    n: int,
+    timeout: float = 120,
+    input_ids: list[int] | None = None,
+    logprobs: bool = False,
 ) -> dict[str, Any]:
     with _port_lock:
         _room[0] += 1 + (_room[0] + 1 - rank) % 2  # bootstrap_room % 2 == routed rank (fake transfer)
         room = _room[0]
     body: dict[str, Any] = {"rid": rid, "input_ids": input_ids or [1, 5 + room % 50, 6, 7],
                             "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    if logprobs:
+        body["return_logprob"] = True
     if s.dp2:
         body["routed_dp_rank"] = rank
     if s.pd:  # SGLang's fake-transfer marker; nothing is contacted
@@ -511,20 +519,26 @@ def trim_case(s: Server, records: str, n: int) -> dict[str, Any]:
     """One request S (TRIM_PROMPT, greedy, DP rank 1) served alone, then beside three arrivals on rank 0 and two more
     while S decodes, then alone again. Every PD arrival is seedless for its first draft step, so each arrival makes
     the group run an eager draft round; beside rank 0's rows, S's rank is DP-padded (MAX_LEN) in those rounds and its
-    DSA decode is trimmed. Greedy tokens must not depend on it."""
+    DSA decode is trimmed. Greedy tokens and their logprobs must not depend on it."""
     res: dict[str, Any] = {}
 
-    def solo(tag: str) -> list[int]:
+    def greedy(out: dict[str, Any]) -> list[Any]:
+        """The tokens with their logprobs: a degenerate greedy cycle of a dummy-weight model still shows a change in
+        the numbers."""
+        logprobs = out.get("meta_info", {}).get("output_token_logprobs") or []
+        return [list(out.get("output_ids") or []), [lp[0] for lp in logprobs]]
+
+    def solo(tag: str) -> list[Any]:
         t = time.time()
-        out = generate(s, f"trim-{tag}", 1, n, 120, TRIM_PROMPT)
+        out = generate(s, f"trim-{tag}", 1, n, 120, TRIM_PROMPT, logprobs=True)
         res[f"{tag}_dsa"] = dsa_evidence(records, t)
         res[f"{tag}_problem"] = served(out, n, 1)
-        return list(out.get("output_ids") or [])
+        return greedy(out)
 
     alone = solo("alone")
     t = time.time()
     with ThreadPoolExecutor(6) as pool:
-        mine = pool.submit(generate, s, "trim-beside", 1, n, 120, TRIM_PROMPT)
+        mine = pool.submit(generate, s, "trim-beside", 1, n, 120, TRIM_PROMPT, True)
         peers = [pool.submit(generate, s, f"trim-peer-{k}", 0, n) for k in range(3)]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not mine.done():  # S decoding with a seed: then two late arrivals
@@ -533,7 +547,7 @@ def trim_case(s: Server, records: str, n: int) -> dict[str, Any]:
                 break
             time.sleep(0.05)
         peers += [pool.submit(generate, s, f"trim-late-{k}", 0, 8) for k in range(2)]
-        beside = list(mine.result().get("output_ids") or [])
+        beside = greedy(mine.result())
         peer_problems = [served(f.result(), w, 0) for f, w in zip(peers, [n, n, n, 8, 8], strict=True)]
     res["beside_dsa"] = dsa_evidence(records, t)
     res["peer_problems"] = [p for p in peer_problems if p]
