@@ -317,3 +317,73 @@ def test_the_variable_takes_an_absolute_path_or_nothing():
     assert load_config([], {RECORDER_DIR_ENV: " "}).recorder_dir is None
     error = load_config([], {RECORDER_DIR_ENV: "rel"}).error or ""
     assert f"{RECORDER_DIR_ENV}='rel' is not an absolute path" in error
+
+
+# --- hardening (issue 33): a recorder that can never crash its scheduler -----------------------------------------
+
+FULL_DISK_WRITER = """
+import sys
+from sglang_dp_mtp_fix import recorder
+rec = recorder.Recorder(sys.argv[1])
+rec.open(None, ranks=(0, 2, 0, 2, 0))
+for _ in range(2 * rec.capacity):  # every slot of the ring, twice
+    rec.enter()
+    rec.sync(2, 2, recorder.SENT_GENERIC)
+    rec.draft_path(recorder.PATH_GRAPH, 8)
+print("rounds done, file", rec.path, flush=True)
+"""
+
+
+def test_a_full_filesystem_is_the_recorder_off_warning_never_a_sigbus(tmp_path):
+    """A tmpfs of 8 KiB (two pages; the file needs four) in a private mount namespace (``unshare -rm``: no mount is
+    left behind on the host). A sparse file (ftruncate alone) let the scheduler die with SIGBUS when the ring reached
+    its first unallocated page (seen: rc -7 on the code before issue 33)."""
+    import shutil
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("no user+mount namespaces here (unshare -rm): no small filesystem to fill")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    script = tmp_path / "writer.py"
+    script.write_text(textwrap.dedent(FULL_DISK_WRITER))
+    shell = f'mount -t tmpfs -o size=8k tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"'
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", shell], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])  # before: -7 (SIGBUS)
+    assert "rounds done, file None" in proc.stdout, proc.stdout
+    assert "flight recorder off on this scheduler" in proc.stderr and "No space left" in proc.stderr, proc.stderr
+
+
+def test_a_stale_file_of_a_reused_pid_neither_turns_the_recorder_off_nor_is_read_as_current(tmp_path):
+    """A restarted container reuses PIDs: the earlier process's file may carry this process's PID. Two recorders of
+    one process stand for the two processes (same PID, same rank)."""
+    old = write_rank(tmp_path, 0, 1, [EAGER] * 3)
+    time.sleep(0.01)  # the new process starts later
+    new = write_rank(tmp_path, 0, 1, [GRAPH] * 5)
+    assert old.path and new.path and new.path != old.path  # before: the second open failed (O_EXCL), recorder off
+    data, code = recorder.rollcall([str(tmp_path)])
+    assert code == 0 and data["ranks"][0]["file"] == new.path and data["superseded"] == [old.path], data
+
+
+def test_a_forked_child_never_writes_into_the_parents_ring(tmp_path):
+    rec = recorder.Recorder(str(tmp_path), 16)
+    rec.open(None, ranks=(0, 1, 0, 1, 0))
+    try:
+        for _ in range(3):
+            rec.enter()
+            rec.sync(2, 2, ALL_YES)
+        assert rec.path is not None
+        before = Path(rec.path).read_bytes()
+        pid = os.fork()
+        if pid == 0:  # the child: rounds of its own, then out without running pytest's teardown
+            try:
+                for _ in range(40):
+                    rec.enter()
+                    rec.sync(7, 2, ALL_YES)
+                    rec.draft_path(recorder.PATH_EAGER, -1)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert Path(rec.path).read_bytes() == before  # before: the child's rounds landed in the parent's file
+    finally:
+        rec.close()

@@ -26,6 +26,7 @@ keeps only records identical in both reads (a record being written meanwhile is 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import functools
 import json
@@ -33,15 +34,18 @@ import logging
 import mmap
 import os
 import re
+import secrets
 import socket
 import stat
 import struct
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from sglang_dp_mtp_fix import recfile
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV, Config
 from sglang_dp_mtp_fix.errors import RecorderFileError as RecorderFileError  # re-exported: its old home
@@ -49,7 +53,7 @@ from sglang_dp_mtp_fix.errors import RecorderFileError as RecorderFileError  # r
 logger = logging.getLogger("sglang_dp_mtp_fix")
 
 MAGIC = b"SDMFREC1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = recfile.FORMAT_VERSION
 CAPACITY = 256
 HEADER_SIZE = 256
 # magic, version, header size, record size, capacity, dp rank, dp size, tp rank, tp size, global rank, pid,
@@ -77,8 +81,8 @@ _active: Recorder | None = None
 
 
 def file_name(dp_rank: int) -> str:
-    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
-    return f"sglang-dp-mtp-fix-{host}-dp{dp_rank}-{os.getpid()}.rec"
+    """A new name per file: the PID alone can be an earlier process's (a restarted container)."""
+    return recfile.file_name(dp_rank, os.getpid(), secrets.token_hex(4))
 
 
 def _ranks(info: Any) -> tuple[int, int, int, int, int]:
@@ -128,14 +132,21 @@ class Recorder:
         from sglang_dp_mtp_fix import report
 
         dp_rank, dp_size, tp_rank, tp_size, global_rank = ranks or _ranks(info)
+        path: str | None = None
         try:
             fd, path = report.create_in_directory(self.directory, RECORDER_DIR_ENV, file_name(dp_rank), os.O_RDWR)
             try:
                 os.ftruncate(fd, self.size)
+                # Every block now: a full disk or a quota fails here (ENOSPC, EDQUOT), not as a SIGBUS when a later
+                # round first touches an unallocated page of the map.
+                os.posix_fallocate(fd, 0, self.size)
                 mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             finally:
                 os.close(fd)
         except Exception as exc:  # noqa: BLE001 - diagnostics must never crash the host
+            if path is not None:  # no half-made file left for rollcall to refuse
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             logger.warning("sglang-dp-mtp-fix: flight recorder off on this scheduler: %s", exc)
             return
         HEADER.pack_into(
@@ -143,11 +154,23 @@ class Recorder:
             tp_size, global_rank, os.getpid(), time.time(), time.monotonic_ns(), __version__.encode()[:32],
             _sglang_version().encode()[:32], socket.gethostname().encode()[:64],
         )  # fmt: skip
+        recfile.PROC_START.pack_into(mm, recfile.PROC_START_OFFSET, recfile.proc_start_ticks())
+        mm[recfile.BOOT_ID_OFFSET : recfile.BOOT_ID_OFFSET + recfile.BOOT_ID_SIZE] = recfile.boot_id()
         mm[0:8] = MAGIC  # last: a reader never takes a half-written header for a whole one
         entered = ctypes.c_uint64.from_buffer(mm, _ENTERED_OFFSET)
         entered.value = self.entered.value
         self.buf, self.entered, self.path = mm, entered, path
+        _open_recorders.add(self)
         logger.info("sglang-dp-mtp-fix: flight recorder: %s (last %d MLP-sync rounds)", path, self.capacity)
+
+    def detach(self) -> None:
+        """After a fork, in the child: the parent's map is the parent's. The child's next round is its first: it opens
+        a file of its own (``instrument``'s ``_get_local_tensor`` opens at round 1)."""
+        self.buf = bytearray(self.size)  # the inherited map is dropped, never closed (the parent's ctypes view)
+        self.entered = ctypes.c_uint64.from_buffer(self.buf, _ENTERED_OFFSET)
+        self.path, self.opened = None, False
+        self.round = self.recorded_round = self.path_round = 0
+        self.next_offset = self.last_offset = HEADER_SIZE
 
     def close(self) -> None:
         """Tests: unmap the file (its content stays)."""
@@ -174,6 +197,18 @@ class Recorder:
         r = self.path_round = self.round
         if self.recorded_round == r:
             _PATH.pack_into(self.buf, self.last_offset + _SYNC.size, bucket, path, r)
+
+
+_open_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _detach_after_fork() -> None:
+    for rec in list(_open_recorders):
+        rec.detach()
+    _open_recorders.clear()
+
+
+os.register_at_fork(after_in_child=_detach_after_fork)
 
 
 def _sglang_version() -> str:
