@@ -150,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "simulate":
         return _simulate(args, parser)
     if args.command == "rollcall":
-        from sglang_dp_mtp_fix import recorder
+        from sglang_dp_mtp_fix import rollcall
 
-        data, code = recorder.rollcall(args.dirs)
+        data, code = rollcall.rollcall(args.dirs)
         if args.json:
-            print(recorder.rollcall_json(data))
+            print(rollcall.rollcall_json(data))
         else:
-            recorder.print_rollcall(data)
+            rollcall.print_rollcall(data)
         return code
     return 2
 
