@@ -49,7 +49,7 @@ def test_injected_divergence_is_named_by_round_and_rank(rank_pool, tmp_path):
         results = rank_pool.run_trace(trace, collective=False)
         assert [r.draft_path for r in results[8]] == ["graph", "graph", "eager", "graph"]  # the switch bites
         assert {r.draft_path for r in results[4]} == {"eager"}
-        data, code = rollcall.rollcall([str(tmp_path)])
+        data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
     finally:
         rank_pool.plugin("restore")
     assert code == 1, data
@@ -78,7 +78,7 @@ def test_patched_arm_agrees_and_records_what_each_rank_did(rank_pool, tmp_path):
     apply_recording(rank_pool, tmp_path)
     try:
         results = rank_pool.run_trace(trace, collective=False)
-        data, code = rollcall.rollcall([str(tmp_path)])
+        data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
         by_rank = {f.dp_rank: f for f in map(recorder.read_file, map(str, files(tmp_path)))}
     finally:
         rank_pool.plugin("restore")
@@ -107,7 +107,7 @@ def test_mixed_group_names_the_rank_without_a_file(rank_pool, tmp_path):
     try:
         with pytest.raises(RankError, match="MixedDeploymentError"):
             rank_pool.run_trace([[dict(SEEDED) for _ in range(4)]], collective=False)
-        data, code = rollcall.rollcall([str(tmp_path)])
+        data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
     finally:
         rank_pool.plugin("restore")
     assert code == 1 and data["missing_ranks"] == [3], data
@@ -260,7 +260,7 @@ def test_a_stale_file_of_a_reused_pid_neither_turns_the_recorder_off_nor_is_read
     time.sleep(0.01)  # the new process starts later
     new = write_rank(tmp_path, 0, 1, [GRAPH] * 5)
     assert old.path and new.path and new.path != old.path  # before: the second open failed (O_EXCL), recorder off
-    data, code = rollcall.rollcall([str(tmp_path)])
+    data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
     assert code == 0 and data["ranks"][0]["file"] == new.path and data["superseded"] == [old.path], data
 
 

@@ -13,7 +13,7 @@ from sglang_dp_mtp_fix.errors import RecorderFileError
 
 
 def run_rollcall(capsys, *args: str) -> tuple[int, str]:
-    code = cli.main(["rollcall", *args])
+    code = cli.main(["rollcall", "--settle", "0", *args])
     return code, capsys.readouterr().out
 
 
@@ -106,7 +106,7 @@ def test_reader_refuses_truncated_garbage_and_foreign_files_and_reads_the_rest(t
         rollcall.read_file(str(junk / "t.rec"))
     # The good ranks are still read beside all of it (only the two good files are whole ranks of one deployment: the
     # bit-flipped copies that still read are rank 0's file again, older or newer, or another shape).
-    data, code = rollcall.rollcall([str(good), str(junk)])
+    data, code = rollcall.rollcall([str(good), str(junk)], settle_s=0)
     assert len(data["refused"]) >= outcomes["refused"] and code in (1, 2), data["answer"]
-    data, code = rollcall.rollcall([str(good)])
+    data, code = rollcall.rollcall([str(good)], settle_s=0)
     assert code == 0 and len(data["ranks"]) == 2

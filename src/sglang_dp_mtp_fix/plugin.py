@@ -18,7 +18,7 @@ import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import _version, metrics, peers, recorder, report, stats, transport
+from sglang_dp_mtp_fix import _version, metrics, monitor, peers, recorder, report, stats, transport
 from sglang_dp_mtp_fix.config import Config, load_config
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, groups
 from sglang_dp_mtp_fix.errors import StartupHazard as StartupHazard  # re-exported: its old home
@@ -104,6 +104,7 @@ def restore() -> None:
     global last_config, _report_path, _report_line
     get_manager().restore()
     stats.deactivate()
+    monitor.stop()
     rec = recorder.active()
     if rec is not None:
         rec.close()
@@ -138,10 +139,22 @@ def _after_scheduler_init(
             check_startup_hazards(self, config, manager)  # first: a group it leaves stock is what peers compare
             check_peers(manager, outcomes, config)
             transport.log_line(self, manager)  # before the scheduler's first MLP-sync round
+            start_monitor(self, manager)
             if config.export_metrics:
                 export_metrics(self, manager)
 
     manager.install_seam(Scheduler, "__init__", __init__)
+
+
+def start_monitor(scheduler: Any, manager: PatchManager) -> None:
+    """The stall watcher (and, once the recorder's file opens, the heartbeat): one daemon thread per scheduler whose
+    vote is applied (``monitor``). Never raises."""
+    if not any(o.id == "draft_graph_vote" and o.status is Status.APPLIED for o in manager.outcomes or []):
+        return
+    try:
+        monitor.start(dp_rank=recorder.scheduler_dp_rank(scheduler))
+    except Exception as exc:  # noqa: BLE001 - diagnostics must never crash the host
+        report.logger.warning("sglang-dp-mtp-fix: stall watcher not started: %r", exc)
 
 
 def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) -> None:

@@ -71,6 +71,11 @@ def file_name(dp_rank: int) -> str:
     return recfile.file_name(dp_rank, os.getpid(), secrets.token_hex(4))
 
 
+def scheduler_dp_rank(scheduler: Any) -> int:
+    """This scheduler's DP rank once SGLang's groups exist (-1 unknown)."""
+    return _ranks(getattr(scheduler, "server_args", None))[0]
+
+
 def _ranks(info: Any) -> tuple[int, int, int, int, int]:
     """(dp rank, dp size, tp rank, tp size, global rank) of this scheduler; -1 where unknown."""
     dp_size = int(getattr(info, "dp_size", -1) or -1)
@@ -110,6 +115,7 @@ class Recorder:
         self.entered = ctypes.c_uint64.from_buffer(self.buf, ENTERED_OFFSET)
         self.opened = False
         self.path: str | None = None
+        self.dp_rank = -1
 
     def open(self, info: Any, ranks: tuple[int, int, int, int, int] | None = None) -> None:
         """Create the file (first round, when the ranks are known; ``ranks`` given: tests). A problem is one WARNING
@@ -118,6 +124,7 @@ class Recorder:
         from sglang_dp_mtp_fix import report
 
         dp_rank, dp_size, tp_rank, tp_size, global_rank = ranks or _ranks(info)
+        self.dp_rank = dp_rank
         path: str | None = None
         try:
             fd, path = report.create_in_directory(self.directory, RECORDER_DIR_ENV, file_name(dp_rank), os.O_RDWR)
@@ -147,7 +154,20 @@ class Recorder:
         entered.value = self.entered.value
         self.buf, self.entered, self.path = mm, entered, path
         _open_recorders.add(self)
+        if self is _active:
+            from sglang_dp_mtp_fix import monitor
+
+            monitor.start()  # the heartbeat (once per process; again in a forked child, whose file this is)
         logger.info("sglang-dp-mtp-fix: flight recorder: %s (last %d MLP-sync rounds)", path, self.capacity)
+
+    def path_of(self, round_: int) -> tuple[str, int | None]:
+        """The draft path and bucket recorded for ``round_`` when it is the latest record (the stall line)."""
+        if round_ == 0 or round_ != self.recorded_round:
+            return "none", None
+        bucket, code, stamp = PATH.unpack_from(self.buf, self.last_offset + SYNC.size)
+        if stamp != round_:
+            return "not_reached", None
+        return recfile.PATH_NAMES.get(code & 3, "?"), bucket
 
     def detach(self) -> None:
         """After a fork, in the child: the parent's map is the parent's. The child's next round is its first: it opens

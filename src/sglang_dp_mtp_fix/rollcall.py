@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import struct
 import time
@@ -12,8 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_dp_mtp_fix import recfile
 from sglang_dp_mtp_fix.errors import RecorderFileError
 from sglang_dp_mtp_fix.recfile import (
+    BOOT_ID_OFFSET,
+    BOOT_ID_SIZE,
     ENTERED_OFFSET,
     FILE_GLOB,
     FORMAT_VERSION,
@@ -21,16 +25,24 @@ from sglang_dp_mtp_fix.recfile import (
     GROUP_GENERIC,
     HEADER,
     HEADER_SIZE,
+    HEARTBEAT,
+    HEARTBEAT_OFFSET,
+    HEARTBEAT_STALE_S,
     MAGIC,
     MAX_CAPACITY,
     PATH_EAGER,
     PATH_GRAPH,
     PATH_NAMES,
+    PROC_START,
+    PROC_START_OFFSET,
     RECORD,
     RUNNER_GATHERS,
     SENT_DRAFT,
     SENT_GENERIC,
 )
+
+SETTLE_S = 1.5  # rollcall watches the entered rounds this long (more than a heartbeat) before judging a stall
+BEHIND_ROUNDS = 2  # ranks of a group are at most one round apart while they take part in every round
 
 
 @dataclass
@@ -84,10 +96,28 @@ class RankFile:
     entered: int  # the MLP-sync round this rank entered last (recorded or not)
     records: dict[int, Record] = field(default_factory=dict)
     skipped: int = 0  # slots that held no whole record of their own round (being written, or cut by a kill)
+    proc_start: int = 0  # clock ticks since boot (recfile); 0 unknown
+    boot_id: bytes = b""
+    heartbeat_wall: float = 0.0  # unix s of the last heartbeat; 0: none yet (or torn in both reads)
+    heartbeat_ticks: int = 0
 
     @property
     def last_round(self) -> int:
         return max(self.records, default=0)
+
+
+def process_state(f: RankFile) -> str:
+    """What became of the process that wrote ``f``, where this host can tell: ``running``, ``stopped`` (SIGSTOP, a
+    debugger), ``dead`` (gone, a zombie, or its PID now another process's); ``unknown`` for a file from another host
+    or boot (a copied directory)."""
+    if f.host != socket.gethostname()[:64] or not f.proc_start or f.boot_id != recfile.boot_id():
+        return "unknown"
+    if recfile.proc_start_ticks(f.pid) != f.proc_start:
+        return "dead"
+    state = recfile.proc_state(f.pid)
+    if state is None or state in ("Z", "X", "x"):
+        return "dead"
+    return "stopped" if state in ("T", "t") else "running"
 
 
 def _text(raw: bytes) -> str:
@@ -140,6 +170,13 @@ def read_file(path: str) -> RankFile:
         path, _text(host), pid, dp_rank, dp_size, tp_rank, tp_size, global_rank, start_unix, _text(plugin_v),
         _text(sglang_v), capacity, entered,
     )  # fmt: skip
+    rank.proc_start = PROC_START.unpack_from(second, PROC_START_OFFSET)[0]
+    rank.boot_id = second[BOOT_ID_OFFSET : BOOT_ID_OFFSET + BOOT_ID_SIZE]
+    for raw in (second, first):  # the later read first; a torn write has two different tick copies
+        ticks, wall, _mono, ticks_again = HEARTBEAT.unpack_from(raw, HEARTBEAT_OFFSET)
+        if ticks == ticks_again:
+            rank.heartbeat_wall, rank.heartbeat_ticks = (wall, ticks) if ticks else (0.0, 0)
+            break
     for slot in range(capacity):
         off = HEADER_SIZE + slot * RECORD.size
         raw = first[off : off + RECORD.size]
@@ -184,7 +221,10 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return f"{'ranks' if len(ranks) > 1 else 'rank'} {list(ranks)}"
 
 
-def _files_in(target: str, refused: list[dict[str, str]], notes: list[str]) -> list[str]:
+def files_in(target: str, refused: list[dict[str, str]] | None = None, notes: list[str] | None = None) -> list[str]:
+    """The recorder files named by ``target`` (a file, or a directory's ``sglang-dp-mtp-fix-*.rec``)."""
+    refused = [] if refused is None else refused
+    notes = [] if notes is None else notes
     try:
         st = os.stat(target)
     except OSError as exc:
@@ -202,14 +242,17 @@ def _files_in(target: str, refused: list[dict[str, str]], notes: list[str]) -> l
     return [os.path.join(target, n) for n in names]
 
 
-def rollcall(targets: Sequence[str]) -> tuple[dict[str, Any], int]:
-    """Read every rank's file and name the first round where ranks decided differently. (data, exit code):
-    0 all agree, 1 a divergence or a rank without a file, 2 unreadable or incompatible files (nothing to compare)."""
+def rollcall(targets: Sequence[str], settle_s: float = SETTLE_S) -> tuple[dict[str, Any], int]:
+    """Read every rank's file: first the heartbeats (which ranks stopped: frozen or dead), then the decisions (the
+    first round where ranks decided differently), then, when no round advances, whether the group stalls outside
+    the vote or a rank is many rounds behind. (data, exit code): 0 all agree and nothing stopped, 1 a divergence, a
+    stopped rank, a stall or a rank without a file, 2 unreadable or incompatible files (nothing to compare).
+    ``settle_s``: how long to watch the entered rounds for progress (0: not watched, no stall judged)."""
     refused: list[dict[str, str]] = []
     notes: list[str] = []
     files: list[RankFile] = []
     for target in targets:
-        for path in _files_in(target, refused, notes):
+        for path in files_in(target, refused, notes):
             try:
                 files.append(read_file(path))
             except RecorderFileError as exc:
@@ -286,12 +329,25 @@ def rollcall(targets: Sequence[str]) -> tuple[dict[str, Any], int]:
     data["compared"] = [lo, hi]
     answers: list[str] = []
     code = 0
+    verdict = "agree"
+    liveness = _liveness(ranks, settle_s)
+    for f, entry in zip(ranks, data["ranks"], strict=True):
+        entry.update(liveness["per_rank"][f.path])
+    data["liveness"] = {k: v for k, v in liveness.items() if k != "per_rank"}
+    stopped = [(f, liveness["per_rank"][f.path]) for f in ranks if liveness["per_rank"][f.path]["stopped"]]
+    kind = "DP" if by_dp else "TP"
+    if stopped:
+        code, verdict = 1, "stopped"
+        data["stopped_ranks"] = [label(f) for f, _ in stopped]
+        for f, live in stopped:
+            answers.append(f"{kind} rank {label(f)} stopped: {_stopped_text(f, live)}")
     if divergence is not None:
         code = 1
         groups_found: list[dict[str, Any]] = divergence["groups"]
         text = ", ".join(f"{_ranks_text(p['ranks'])} {p['decision']}" for p in groups_found)
         answers.append(f"round {divergence['round']}: {text}")
         data["divergence"] = divergence
+        verdict = "diverge"
     else:
         last = {label(f): f.last_round for f in ranks}
         agreed = min(last.values())
@@ -307,6 +363,34 @@ def rollcall(targets: Sequence[str]) -> tuple[dict[str, Any], int]:
             answers.append(f"no round recorded yet on any of the {len(ranks)} ranks with a file")
         else:
             answers.append(f"all {len(ranks)} ranks agreed up to round {agreed}, the last round of every rank")
+        if not stopped and liveness["advancing"] is False and not liveness["all_stale"]:
+            entered = {label(f): f.entered for f in ranks}
+            top = max(entered.values())
+            behind_ranks = sorted(k for k, v in entered.items() if top - v >= BEHIND_ROUNDS)
+            if behind_ranks:
+                code, verdict = 1, "behind"
+                data["behind_ranks"] = behind_ranks
+                answers.append(
+                    f"no round advances and {kind} {_ranks_text(behind_ranks)} "
+                    f"{'are' if len(behind_ranks) > 1 else 'is'} many rounds behind (entered "
+                    f"{', '.join(str(entered[k]) for k in behind_ranks)}; the others up to {top}): that rank stopped "
+                    "taking part in MLP-sync rounds while the others went on (a sync it skipped, or a collective "
+                    "outside the sync that only the others issue)"
+                )
+            elif top > 0:
+                code, verdict = 1, "stall_outside_vote"
+                answers.append(
+                    f"every rank alive (heartbeats ticking), none advances, all in round {top} with the same "
+                    "decisions: a stall outside the vote. Check where the ranks wait (py-spy dump --pid <pid> "
+                    "--native), e.g. a lazily loaded kernel on the first target-verify or draft step (sglang#33642: "
+                    "every scheduler in cuModuleLoadData; start with CUDA_MODULE_LOADING=EAGER), a collective outside "
+                    "the MLP sync, or a stuck device"
+                )
+    if liveness["all_stale"]:
+        answers.append(
+            f"every heartbeat stopped (the newest {liveness['newest_heartbeat_age_s']:.0f} s ago): the server is "
+            "down, or these are copies (read the files on their own nodes to tell frozen from dead)"
+        )
     if data["missing_ranks"]:
         code = 1
         kind = "DP " if by_dp else "TP "
@@ -318,9 +402,66 @@ def rollcall(targets: Sequence[str]) -> tuple[dict[str, Any], int]:
     if refused and code == 0:
         code = 2
         answers.append(f"{len(refused)} file(s) refused (see above): the answer may be incomplete")
-    data["verdict"] = {0: "agree", 1: "diverge", 2: "unreadable"}[code]
+    if verdict == "agree" and code:
+        verdict = {1: "missing", 2: "unreadable"}[code]
+    data["verdict"] = verdict
     data["answer"] = "; ".join(answers)
     return data, code
+
+
+def _liveness(ranks: Sequence[RankFile], settle_s: float) -> dict[str, Any]:
+    """Heartbeats first: each rank's heartbeat age against the group's freshest, what became of its process (where
+    this host can tell), and whether any rank's entered round advances over ``settle_s``."""
+    now = time.time()
+    last_sign = {f.path: f.heartbeat_wall or f.start_unix for f in ranks}
+    freshest = max(last_sign.values())
+    advancing: bool | None = None  # None: not watched (settle_s 0): no stall judged
+    if settle_s > 0:
+        advancing = False
+        time.sleep(settle_s)
+        for f in ranks:
+            try:
+                again = read_file(f.path)
+            except RecorderFileError:
+                continue
+            advancing |= again.entered != f.entered
+            if again.heartbeat_wall > f.heartbeat_wall:
+                f.heartbeat_wall, f.heartbeat_ticks = again.heartbeat_wall, again.heartbeat_ticks
+                last_sign[f.path] = again.heartbeat_wall
+        freshest = max(last_sign.values())
+    per_rank: dict[str, dict[str, Any]] = {}
+    for f in ranks:
+        state = process_state(f)
+        behind_s = freshest - last_sign[f.path]
+        stale = behind_s > HEARTBEAT_STALE_S
+        per_rank[f.path] = {
+            "heartbeat": f.heartbeat_wall or None,
+            "heartbeat_behind_s": round(behind_s, 1),
+            "process": state,
+            "stopped": state in ("stopped", "dead") or stale,
+        }
+    return {
+        "per_rank": per_rank,
+        "advancing": advancing,
+        "all_stale": now - freshest > HEARTBEAT_STALE_S + settle_s,
+        "newest_heartbeat_age_s": round(now - freshest, 1),
+    }
+
+
+def _stopped_text(f: RankFile, live: dict[str, Any]) -> str:
+    since = f.heartbeat_wall or f.start_unix
+    when = time.strftime("%H:%M:%S", time.gmtime(since)) + " UTC"
+    what = {
+        "stopped": f"frozen (pid {f.pid} is stopped: SIGSTOP or a debugger)",
+        "dead": f"dead (pid {f.pid} is gone)",
+        "running": f"frozen (pid {f.pid} runs, but its heartbeat thread stopped)",
+        "unknown": "its heartbeat stopped (another host or boot: whether frozen or dead is told on its node)",
+    }[live["process"]]
+    beat = "heartbeat" if f.heartbeat_wall else "no heartbeat since the file opened at"
+    return (
+        f"{what}; {beat} {when}, {live['heartbeat_behind_s']:.0f} s before the freshest; last entered round "
+        f"{f.entered}, last recorded {f.last_round} (host {f.host})"
+    )
 
 
 def _decode_or_idle_modes() -> frozenset[int]:
