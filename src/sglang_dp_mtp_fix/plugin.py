@@ -140,6 +140,9 @@ def _after_scheduler_init(
             check_peers(manager, outcomes, config)
             transport.log_line(self, manager)  # before the scheduler's first MLP-sync round
             start_monitor(self, manager)
+            counters = stats.active()
+            if counters is not None:  # the eager draft steps' reason "graphs off" (stats)
+                counters.graphs_off = bool(getattr(getattr(self, "server_args", None), "disable_cuda_graph", False))
             if config.export_metrics:
                 export_metrics(self, manager)
 
@@ -192,9 +195,14 @@ def export_metrics(scheduler: Any, manager: PatchManager) -> None:
         result = metrics.install(scheduler, manager.outcomes or [], _version.__version__)
     except Exception as exc:  # noqa: BLE001 - an exporter must never crash the host
         result = metrics.MetricsExport(False, f"sglang-dp-mtp-fix: vote counters not exported to /metrics: {exc!r}")
-    if result is None:
-        return
-    report.logger.log(logging.INFO if result.exported else logging.WARNING, result.line)
+    if result is not None:
+        report.logger.log(logging.INFO if result.exported else logging.WARNING, result.line)
+    try:
+        result = metrics.install_liveness(scheduler, monitor.active())
+    except Exception as exc:  # noqa: BLE001 - an exporter must never crash the host
+        result = metrics.MetricsExport(False, f"sglang-dp-mtp-fix: liveness not exported to /metrics: {exc!r}")
+    if result is not None:
+        report.logger.log(logging.INFO if result.exported else logging.WARNING, result.line)
 
 
 def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager | None = None) -> None:

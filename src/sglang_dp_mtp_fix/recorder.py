@@ -166,7 +166,7 @@ class Recorder:
             return "none", None
         bucket, code, stamp = PATH.unpack_from(self.buf, self.last_offset + SYNC.size)
         if stamp != round_:
-            return "not_reached", None
+            return "unknown", None  # no draft-runner decision recorded for it (yet, or no graph runner)
         return recfile.PATH_NAMES.get(code & 3, "?"), bucket
 
     def detach(self) -> None:

@@ -244,13 +244,26 @@ class DraftGraphVote(Patch):
             forward_batch.can_run_dp_draft_cuda_graph = getattr(batch, VOTE_ATTR, True)
             return forward_batch
 
-        @functools.wraps(runner_gate)
-        def can_run_graph(self: Any, forward_batch: Any) -> Any:
-            ok = runner_gate(self, forward_batch)
-            # Common case first (vote yes): one attribute read; objects that never synced keep graphs.
-            if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
-                return False
-            return ok
+        if counters is None:
+
+            @functools.wraps(runner_gate)
+            def can_run_graph(self: Any, forward_batch: Any) -> Any:
+                ok = runner_gate(self, forward_batch)
+                # Common case first (vote yes): one attribute read; objects that never synced keep graphs.
+                if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
+                    return False
+                return ok
+
+        else:
+
+            @functools.wraps(runner_gate)
+            def can_run_graph(self: Any, forward_batch: Any) -> Any:
+                ok = runner_gate(self, forward_batch)
+                if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
+                    return False
+                if not ok:
+                    counters.runner_refused()  # the runner's own no (e.g. above the captured sizes), not the vote's
+                return ok
 
         # Flight recorder (SGLANG_DP_MTP_FIX_RECORDER_DIR, ``recorder``): decided at load like the counters; unset, the
         # three wrappers stay as built above and nothing records.
