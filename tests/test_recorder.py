@@ -49,7 +49,8 @@ def test_injected_divergence_is_named_by_round_and_rank(rank_pool, tmp_path):
         results = rank_pool.run_trace(trace, collective=False)
         assert [r.draft_path for r in results[8]] == ["graph", "graph", "eager", "graph"]  # the switch bites
         assert {r.draft_path for r in results[4]} == {"eager"}
-        data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
+        # the ranks run on (their heartbeats tick): the divergence is named, no rank as stopped (issue 33)
+        data, code = rollcall.rollcall([str(tmp_path)])
     finally:
         rank_pool.plugin("restore")
     assert code == 1, data
@@ -57,6 +58,7 @@ def test_injected_divergence_is_named_by_round_and_rank(rank_pool, tmp_path):
         "round 9: ranks [0, 1, 3] draft graph (bucket 8), rank [2] eager (after a graph vote: decided outside the vote)"
     )
     assert [r["last_round"] for r in data["ranks"]] == [12] * 4 and not data["missing_ranks"]
+    assert data["verdict"] == "diverge" and "stopped_ranks" not in data, data["answer"]
     # The seedless round before it is recorded as what it was: every rank eager, caused by rank 1's own batch.
     rank1 = rollcall.read_file(str(next(p for p in files(tmp_path) if "-dp1-" in p.name)))
     rank0 = rollcall.read_file(str(next(p for p in files(tmp_path) if "-dp0-" in p.name)))
