@@ -71,10 +71,12 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     loaded into the ranks): each rank times SGLang's own ``get_next_disagg_decode_batch_to_run`` call alone (thread
     CPU, no batch construction, no waiting on a peer), in the same processes, interleaved blocks (arm order rotated;
     after each switch a short warm-up block that is not counted), the cyclic GC collecting between blocks, never
-    inside one (``harness_ext.py`` too). Five arms: stock; ``stock_again`` (stock once more: an A/A pair, so the figures
+    inside one (``harness_ext.py`` too). Six arms: stock; ``stock_again`` (stock once more: an A/A pair, so the figures
     carry their own resolution); ``passthrough`` (the plugin's seams wrapped by wrappers that only call the original:
     the cost of wrapping those seams at all, none of the plugin's work); patched; ``recorder`` (patched with the
-    flight recorder on, ``SGLANG_DP_MTP_FIX_RECORDER_DIR``: a fresh directory per block, the file really mapped)."""
+    flight recorder on, ``SGLANG_DP_MTP_FIX_RECORDER_DIR``: a fresh directory per block, the file really mapped, the
+    monitor thread writing its heartbeat); ``recorder_no_heartbeat`` (the same without the monitor thread: the
+    heartbeat's A/A bracket)."""
     import tempfile
 
     from sglang_dp_mtp_fix.harness.pool import RankPool
@@ -84,7 +86,7 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     # at once on a 2-core host disturb each other (bench/README.md).
     states = [[SEEDED if i % 5 else SEEDLESS for i in range(rounds)], []]
     warm = [states[0][:50], []]
-    arms = ("stock", "stock_again", "passthrough", "patched", "recorder")
+    arms = ("stock", "stock_again", "passthrough", "patched", "recorder", "recorder_no_heartbeat")
     recorder_root = tempfile.mkdtemp(prefix="sdmf-bench-recorder-")
     # "apply" re-reads the environment only when it carries one: the patched arm applies with the recorder unset.
     command: dict[str, Any] = {
@@ -100,10 +102,11 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
         pool.rounds(states, collective=False)  # warm-up: first-call costs out of the figures
         for block in range(blocks):
             for arm in arms[block % len(arms) :] + arms[: block % len(arms)]:
-                if arm == "recorder":
-                    directory = os.path.join(recorder_root, str(block))
+                if arm.startswith("recorder"):
+                    directory = os.path.join(recorder_root, f"{arm}-{block}")
                     os.mkdir(directory)
-                    command[arm] = {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": directory}}
+                    name = "apply" if arm == "recorder" else "apply_no_monitor"
+                    command[arm] = {"command": name, "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": directory}}
                 pool.plugin(command[arm])
                 pool.rounds(warm, collective=False)
                 results = pool.rounds(states, collective=False)
@@ -129,6 +132,15 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
         "min_block_recorder_vs_patched_us": round((fastest["recorder"] - fastest["patched"]) * 1e3, 2),
         "paired_recorder_vs_patched_us": round(
             statistics.median(r - p for r, p in zip(block_medians["recorder"], block_medians["patched"], strict=True))
+            * 1e3,
+            2,
+        ),
+        # The heartbeat's A/A bracket: the recorder arm with and without the monitor thread (issue 33)
+        "min_block_heartbeat_us": round((fastest["recorder"] - fastest["recorder_no_heartbeat"]) * 1e3, 2),
+        "paired_heartbeat_us": round(
+            statistics.median(
+                r - q for r, q in zip(block_medians["recorder"], block_medians["recorder_no_heartbeat"], strict=True)
+            )
             * 1e3,
             2,
         ),

@@ -7,7 +7,10 @@ rank's setup). Never loaded by the tests or by ``simulate``.
   * quiet GC: no cyclic GC inside a batch of rounds (collected before it instead);
   * the ``passthrough`` plugin command: SGLang stock, except that every function the plugin wraps is wrapped by a
     wrapper that only calls the original (the cost of wrapping those seams at all). ``apply`` and ``restore`` undo it
-    first.
+    first;
+  * the ``apply_no_monitor`` plugin command: ``apply``, with the monitor thread (heartbeat and stall watcher) never
+    started in this process until the next command: the ``recorder_no_heartbeat`` arm, the A/A bracket of the
+    heartbeat. Every other command puts the monitor back first.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
+from sglang_dp_mtp_fix import monitor
 from sglang_dp_mtp_fix.harness import rank
 
+_MONITOR_START = monitor.Monitor.start
 # (owner, attribute, original) of every seam the passthrough arm wrapped, in the order wrapped.
 _passthrough: list[tuple[Any, str, Any]] = []
 
@@ -34,6 +39,21 @@ def install() -> None:
         command = rank.PLUGIN_COMMANDS[name]
         rank.register_plugin_command(name, functools.partial(_after_undoing_passthrough, command))
     rank.register_plugin_command("passthrough", functools.partial(_after_undoing_passthrough, _passthrough_seams))
+    quiet_apply = _without_monitor(rank.PLUGIN_COMMANDS["apply"])
+    rank.register_plugin_command("apply_no_monitor", functools.partial(_after_undoing_passthrough, quiet_apply))
+
+
+def _without_monitor(apply: Callable[[rank.PluginRequest], dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    def command(request: rank.PluginRequest) -> dict[str, Any]:
+        result = apply(request)
+        monitor.Monitor.start = _no_thread  # type: ignore[method-assign]
+        return result
+
+    return command
+
+
+def _no_thread(self: Any) -> None:
+    """The monitor's ``start`` in the ``recorder_no_heartbeat`` arm: no thread."""
 
 
 def _install_local_gather(dist: Any) -> None:
@@ -65,6 +85,7 @@ def _after_undoing_passthrough(
     while _passthrough:
         owner, attr, original = _passthrough.pop()
         setattr(owner, attr, original)
+    monitor.Monitor.start = _MONITOR_START  # type: ignore[method-assign]
     return command(request)
 
 

@@ -94,3 +94,26 @@ def test_no_metrics_without_sglang_metrics_or_when_switched_off(rank_pool, tmp_p
         finally:
             rank_pool.plugin("restore")
     assert not list(tmp_path.iterdir())
+
+
+def test_liveness_gauge_and_stall_counter_follow_the_monitor(tmp_path, monkeypatch):
+    """Issue 33: the monitor's ticks land on the scheduler's labels (in-process registry: the families are created in
+    this process the way a scheduler creates them; the multiprocess read-back is the launch tier's)."""
+    from types import SimpleNamespace
+
+    from sglang_dp_mtp_fix import monitor
+
+    scheduler = SimpleNamespace(metrics_collector=SimpleNamespace(labels=rank_labels(1)))
+    watcher = monitor.Monitor(stall_s=5, dp_rank=1)
+    result = metrics.install_liveness(scheduler, watcher)
+    assert result is not None and result.exported, result
+    assert watcher.on_tick is not None
+    watcher.on_tick(7.5, True)
+    watcher.on_tick(8.5, False)
+    registry = prometheus_client.REGISTRY
+    assert registry.get_sample_value(metrics.SINCE_ROUND, rank_labels(1)) == 8.5
+    assert registry.get_sample_value(metrics.STALLS + "_total", rank_labels(1)) == 1.0
+    assert metrics.install_liveness(SimpleNamespace(metrics_collector=None), watcher) is None
+    clash = SimpleNamespace(metrics_collector=SimpleNamespace(labels={**rank_labels(0), "cause": "x"}))
+    refused = metrics.install_liveness(clash, monitor.Monitor(stall_s=5))
+    assert refused is not None and not refused.exported and "cause" in refused.line

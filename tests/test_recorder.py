@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from support import affected_only
 
-from sglang_dp_mtp_fix import cli, recorder
+from sglang_dp_mtp_fix import recorder, rollcall
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
 
 SEEDED = {"kind": "decode", "seed": True, "num_reqs": 3}
@@ -49,7 +49,8 @@ def test_injected_divergence_is_named_by_round_and_rank(rank_pool, tmp_path):
         results = rank_pool.run_trace(trace, collective=False)
         assert [r.draft_path for r in results[8]] == ["graph", "graph", "eager", "graph"]  # the switch bites
         assert {r.draft_path for r in results[4]} == {"eager"}
-        data, code = recorder.rollcall([str(tmp_path)])
+        # the ranks run on (their heartbeats tick): the divergence is named, no rank as stopped (issue 33)
+        data, code = rollcall.rollcall([str(tmp_path)])
     finally:
         rank_pool.plugin("restore")
     assert code == 1, data
@@ -57,9 +58,10 @@ def test_injected_divergence_is_named_by_round_and_rank(rank_pool, tmp_path):
         "round 9: ranks [0, 1, 3] draft graph (bucket 8), rank [2] eager (after a graph vote: decided outside the vote)"
     )
     assert [r["last_round"] for r in data["ranks"]] == [12] * 4 and not data["missing_ranks"]
+    assert data["verdict"] == "diverge" and "stopped_ranks" not in data, data["answer"]
     # The seedless round before it is recorded as what it was: every rank eager, caused by rank 1's own batch.
-    rank1 = recorder.read_file(str(next(p for p in files(tmp_path) if "-dp1-" in p.name)))
-    rank0 = recorder.read_file(str(next(p for p in files(tmp_path) if "-dp0-" in p.name)))
+    rank1 = rollcall.read_file(str(next(p for p in files(tmp_path) if "-dp1-" in p.name)))
+    rank0 = rollcall.read_file(str(next(p for p in files(tmp_path) if "-dp0-" in p.name)))
     assert (
         rank1.records[5].as_dict()["draft_vote_sent"] is False and rank1.records[5].as_dict()["draft_path"] == "eager"
     )
@@ -78,7 +80,7 @@ def test_patched_arm_agrees_and_records_what_each_rank_did(rank_pool, tmp_path):
     apply_recording(rank_pool, tmp_path)
     try:
         results = rank_pool.run_trace(trace, collective=False)
-        data, code = recorder.rollcall([str(tmp_path)])
+        data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
         by_rank = {f.dp_rank: f for f in map(recorder.read_file, map(str, files(tmp_path)))}
     finally:
         rank_pool.plugin("restore")
@@ -107,7 +109,7 @@ def test_mixed_group_names_the_rank_without_a_file(rank_pool, tmp_path):
     try:
         with pytest.raises(RankError, match="MixedDeploymentError"):
             rank_pool.run_trace([[dict(SEEDED) for _ in range(4)]], collective=False)
-        data, code = recorder.rollcall([str(tmp_path)])
+        data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
     finally:
         rank_pool.plugin("restore")
     assert code == 1 and data["missing_ranks"] == [3], data
@@ -174,54 +176,6 @@ def write_rank(directory: Path, rank: int, size: int, paths: list[int], capacity
     return rec
 
 
-def run_rollcall(capsys, *args: str) -> tuple[int, str]:
-    code = cli.main(["rollcall", *args])
-    return code, capsys.readouterr().out
-
-
-def test_rollcall_exit_codes_text_and_json(tmp_path, capsys):
-    import json
-
-    agree, split, bad, mixed = (tmp_path / n for n in ("agree", "split", "bad", "mixed"))
-    for d in (agree, split, bad, mixed):
-        d.mkdir()
-    for rank in range(2):
-        write_rank(agree, rank, 2, [GRAPH] * 20)  # 20 rounds through a 16-slot ring: the last 16 are compared
-        write_rank(split, rank, 2, [GRAPH] * 6 + [EAGER if rank else GRAPH] + [GRAPH] * 3)
-    write_rank(mixed, 0, 2, [GRAPH] * 3)
-    write_rank(mixed, 1, 4, [GRAPH] * 3)
-    (bad / "sglang-dp-mtp-fix-x-dp0-1.rec").write_bytes(b"garbage")
-    code, out = run_rollcall(capsys, str(agree))
-    assert code == 0 and out.endswith("all 2 ranks agreed up to round 20, the last round of every rank\n"), out
-    assert "DP rank 0: last round 20 (16 rounds kept, last entered 20)" in out
-    code, out = run_rollcall(capsys, str(split), "--json")
-    data = json.loads(out)
-    assert code == 1 and data["divergence"]["round"] == 7 and data["verdict"] == "diverge"
-    assert data["answer"] == "round 7: rank [0] draft graph (bucket 8), rank [1] eager (after a graph vote: decided " \
-        "outside the vote)"  # fmt: skip
-    code, out = run_rollcall(capsys, str(bad))
-    assert code == 2 and "refused" in out and "truncated: 7 bytes" in out, out
-    code, out = run_rollcall(capsys, str(mixed))
-    assert code == 2 and "files from different deployments" in out, out
-    code, out = run_rollcall(capsys, str(agree / "nothing-here"))
-    assert code == 2 and "no such file" in out.lower(), out
-    # One directory per node, read together; a rank still behind is named.
-    node0, node1 = tmp_path / "node0", tmp_path / "node1"
-    node0.mkdir(), node1.mkdir()
-    write_rank(node0, 0, 2, [GRAPH] * 5)
-    write_rank(node1, 1, 2, [GRAPH] * 4)
-    code, out = run_rollcall(capsys, str(node0), str(node1))
-    assert code == 0 and "all 2 ranks agreed up to round 4; rank [1] never reached round 5" in out, out
-    code, out = run_rollcall(capsys, str(node0))
-    assert code == 1 and "DP rank [1] of 2 no file" in out, out
-
-
-def test_forward_mode_values_are_sglangs():
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    assert recorder._MODES == {ForwardMode.DECODE.value, ForwardMode.IDLE.value}
-
-
 WRITER = """
 import sys
 from sglang_dp_mtp_fix import recorder
@@ -241,7 +195,7 @@ def test_a_rank_killed_mid_run_leaves_a_readable_file(tmp_path):
         assert proc.stdout is not None and proc.stdout.readline() == b"open\n"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            live = recorder.read_file(str(files(tmp_path)[0]))  # readable while it writes, too
+            live = rollcall.read_file(str(files(tmp_path)[0]))  # readable while it writes, too
             if live.last_round > 5000:
                 break
             time.sleep(0.05)
@@ -251,63 +205,11 @@ def test_a_rank_killed_mid_run_leaves_a_readable_file(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-    dead = recorder.read_file(str(files(tmp_path)[0]))
+    dead = rollcall.read_file(str(files(tmp_path)[0]))
     assert dead.last_round > 5000 and dead.pid == proc.pid and dead.dp_rank == 3
     assert len(dead.records) + dead.skipped == 64 and dead.skipped <= 1  # at most the record it was writing
     for r, rec in dead.records.items():
         assert rec.tokens == r % 1000 and (rec.path is None or rec.bucket == r % 1000), rec
-
-
-def test_reader_refuses_truncated_garbage_and_foreign_files_and_reads_the_rest(tmp_path):
-    good = tmp_path / "good"
-    good.mkdir()
-    for rank in range(2):
-        write_rank(good, rank, 2, [GRAPH] * 10)
-    valid = files(good)[0].read_bytes()
-    junk = tmp_path / "junk"
-    junk.mkdir()
-    rng = random.Random(0)
-    cases: dict[str, bytes] = {}
-    for n in (0, 1, 8, 100, 255, 256, 257, len(valid) // 2, len(valid) - 1):
-        cases[f"trunc{n}"] = valid[:n]
-    cases["padded"] = valid + b"\0"
-    for i in range(150):
-        size = rng.choice((rng.randrange(0, 600), len(valid)))
-        prefix = recorder.MAGIC if i % 2 else b""
-        cases[f"garbage{i}"] = (prefix + rng.randbytes(size))[: max(size, len(prefix))]
-    for i in range(300):
-        flipped = bytearray(valid)
-        for _ in range(rng.randrange(1, 4)):
-            flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
-        cases[f"flip{i}"] = bytes(flipped)
-    outcomes = {"read": 0, "refused": 0}
-    for name, content in cases.items():
-        path = junk / f"sglang-dp-mtp-fix-{name}.rec"
-        path.write_bytes(content)
-        try:
-            recorder.read_file(str(path))
-            outcomes["read"] += 1
-        except recorder.RecorderFileError:
-            outcomes["refused"] += 1
-    assert all(outcomes.values()), outcomes  # both kinds happen: the cases reach past the first check
-    os.mkfifo(junk / "sglang-dp-mtp-fix-fifo.rec")  # never opened (would block)
-    (junk / "sglang-dp-mtp-fix-link.rec").symlink_to(files(good)[0])
-    (junk / "sglang-dp-mtp-fix-dir.rec").mkdir()
-    for name in ("fifo", "link", "dir"):
-        with pytest.raises(recorder.RecorderFileError, match="not a regular file"):
-            recorder.read_file(str(junk / f"sglang-dp-mtp-fix-{name}.rec"))
-    (junk / "foreign.rec").write_bytes(b"PK\x03\x04" + bytes(2000))  # e.g. a zip someone named .rec
-    with pytest.raises(recorder.RecorderFileError, match="not a flight-recorder file"):
-        recorder.read_file(str(junk / "foreign.rec"))
-    with pytest.raises(recorder.RecorderFileError, match="truncated or padded: 300 bytes, the header promises 1024"):
-        (junk / "t.rec").write_bytes(valid[:300])
-        recorder.read_file(str(junk / "t.rec"))
-    # The good ranks are still read beside all of it (only the two good files are whole ranks of one deployment: the
-    # bit-flipped copies that still read are rank 0's file again, older or newer, or another shape).
-    data, code = recorder.rollcall([str(good), str(junk)])
-    assert len(data["refused"]) >= outcomes["refused"] and code in (1, 2), data["answer"]
-    data, code = recorder.rollcall([str(good)])
-    assert code == 0 and len(data["ranks"]) == 2
 
 
 def test_the_variable_takes_an_absolute_path_or_nothing():
@@ -317,3 +219,73 @@ def test_the_variable_takes_an_absolute_path_or_nothing():
     assert load_config([], {RECORDER_DIR_ENV: " "}).recorder_dir is None
     error = load_config([], {RECORDER_DIR_ENV: "rel"}).error or ""
     assert f"{RECORDER_DIR_ENV}='rel' is not an absolute path" in error
+
+
+# --- hardening (issue 33): a recorder that can never crash its scheduler -----------------------------------------
+
+FULL_DISK_WRITER = """
+import sys
+from sglang_dp_mtp_fix import recorder
+rec = recorder.Recorder(sys.argv[1])
+rec.open(None, ranks=(0, 2, 0, 2, 0))
+for _ in range(2 * rec.capacity):  # every slot of the ring, twice
+    rec.enter()
+    rec.sync(2, 2, recorder.SENT_GENERIC)
+    rec.draft_path(recorder.PATH_GRAPH, 8)
+print("rounds done, file", rec.path, flush=True)
+"""
+
+
+def test_a_full_filesystem_is_the_recorder_off_warning_never_a_sigbus(tmp_path):
+    """A tmpfs of 8 KiB (two pages; the file needs four) in a private mount namespace (``unshare -rm``: no mount is
+    left behind on the host). A sparse file (ftruncate alone) let the scheduler die with SIGBUS when the ring reached
+    its first unallocated page (seen: rc -7 on the code before issue 33)."""
+    import shutil
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("no user+mount namespaces here (unshare -rm): no small filesystem to fill")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    script = tmp_path / "writer.py"
+    script.write_text(textwrap.dedent(FULL_DISK_WRITER))
+    shell = f'mount -t tmpfs -o size=8k tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"'
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", shell], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])  # before: -7 (SIGBUS)
+    assert "rounds done, file None" in proc.stdout, proc.stdout
+    assert "flight recorder off on this scheduler" in proc.stderr and "No space left" in proc.stderr, proc.stderr
+
+
+def test_a_stale_file_of_a_reused_pid_neither_turns_the_recorder_off_nor_is_read_as_current(tmp_path):
+    """A restarted container reuses PIDs: the earlier process's file may carry this process's PID. Two recorders of
+    one process stand for the two processes (same PID, same rank)."""
+    old = write_rank(tmp_path, 0, 1, [EAGER] * 3)
+    time.sleep(0.01)  # the new process starts later
+    new = write_rank(tmp_path, 0, 1, [GRAPH] * 5)
+    assert old.path and new.path and new.path != old.path  # before: the second open failed (O_EXCL), recorder off
+    data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
+    assert code == 0 and data["ranks"][0]["file"] == new.path and data["superseded"] == [old.path], data
+
+
+def test_a_forked_child_never_writes_into_the_parents_ring(tmp_path):
+    rec = recorder.Recorder(str(tmp_path), 16)
+    rec.open(None, ranks=(0, 1, 0, 1, 0))
+    try:
+        for _ in range(3):
+            rec.enter()
+            rec.sync(2, 2, ALL_YES)
+        assert rec.path is not None
+        before = Path(rec.path).read_bytes()
+        pid = os.fork()
+        if pid == 0:  # the child: rounds of its own, then out without running pytest's teardown
+            try:
+                for _ in range(40):
+                    rec.enter()
+                    rec.sync(7, 2, ALL_YES)
+                    rec.draft_path(recorder.PATH_EAGER, -1)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert Path(rec.path).read_bytes() == before  # before: the child's rounds landed in the parent's file
+    finally:
+        rec.close()

@@ -32,8 +32,9 @@ def test_exact_counts_for_a_scripted_trace(rank_pool):
         rank_pool.plugin("restore")
     # Each rank counts every round in which it ran a batch (4 of the 5 rounds; round 3 had no batch anywhere).
     common = dict(
-        decode_batches=4, generic_graph_true=4, generic_graph_false=0, draft_graph_true=2, draft_graph_false=2
-    )
+        decode_batches=4, generic_graph_true=4, generic_graph_false=0, draft_graph_true=2, draft_graph_false=2,
+        eager_runner_refused=0, eager_graphs_off=0,
+    )  # fmt: skip
     assert totals[0] == {**common, "eager_own_seedless": 1, "eager_other_rank_vote": 1}
     assert totals[1] == {**common, "eager_own_seedless": 1, "eager_other_rank_vote": 1}
     assert totals[2] == {**common, "eager_own_seedless": 1, "eager_other_rank_vote": 1}
@@ -55,7 +56,7 @@ def test_a_line_every_n_batches(caplog):
         counters.record(True, True, True)
         assert not caplog.records
         counters.record(True, False, False)
-    assert len(caplog.records) == 1
+    assert len(caplog.records) == 2  # the votes, then the eager draft steps by reason
     line = caplog.records[0].getMessage()
     assert "last 2 decode batches" in line and "draft vote graph-eligible=1 forced-eager=1" in line
     assert "generic decode vote graph-eligible=2 eager=0" in line and "graph true" not in line
@@ -71,3 +72,27 @@ def test_restore_drops_the_vote_counters(restored, monkeypatch):
     assert stats.active() is not None
     restored.restore()
     assert stats.active() is None
+
+
+def test_eager_draft_steps_by_reason_in_the_summary_and_for_the_exporter(caplog):
+    """Issue 33, item 4: the four reasons a draft step runs eager, one count each (VoteStats itself: the runner's
+    refusal needs a captured draft graph, which no CPU rank has)."""
+    import logging
+
+    caplog.set_level(logging.INFO, "sglang_dp_mtp_fix.stats")
+    counters = stats.VoteStats(every=4)
+    reasons: list[str] = []
+    counters.reason_exporter = reasons.append
+    counters.record(True, False, False)  # this rank's batch was seedless: the group went eager
+    counters.record(True, False, True)  # another rank's was
+    counters.runner_refused()  # the group voted graph, the runner refused (e.g. above the captured sizes)
+    counters.record(True, True, True)
+    counters.graphs_off = True
+    counters.record(True, True, True)  # no CUDA graphs at all on this scheduler
+    assert reasons == [stats.REASON_OWN, stats.REASON_GROUP, stats.REASON_REFUSED, stats.REASON_GRAPHS_OFF]
+    t = counters.total
+    assert (t.eager_own_seedless, t.eager_other_rank_vote, t.eager_runner_refused, t.eager_graphs_off) == (1, 1, 1, 1)
+    assert (
+        "sglang-dp-mtp-fix eager draft steps by reason (last 4 decode batches): seedless here=1, group vote=1, "
+        "runner refused=1, graphs off=1"
+    ) in caplog.text

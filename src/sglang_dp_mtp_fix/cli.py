@@ -133,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     roll = sub.add_parser("rollcall", help="name the first round where DP ranks decided differently (flight recorder)")
     roll.add_argument("dirs", nargs="+", metavar="DIR", help="recorder directories (every node's, copied together)")
     roll.add_argument("--json", action="store_true", help="machine-readable output")
+    roll.add_argument(
+        "--settle",
+        type=float,
+        default=1.5,
+        metavar="S",
+        help="watch the ranks' rounds this long before judging a stall (default 1.5; 0: no stall judged, e.g. for "
+        "copied files)",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -150,13 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "simulate":
         return _simulate(args, parser)
     if args.command == "rollcall":
-        from sglang_dp_mtp_fix import recorder
+        from sglang_dp_mtp_fix import rollcall
 
-        data, code = recorder.rollcall(args.dirs)
+        data, code = rollcall.rollcall(args.dirs, settle_s=args.settle)
         if args.json:
-            print(recorder.rollcall_json(data))
+            print(rollcall.rollcall_json(data))
         else:
-            recorder.print_rollcall(data)
+            rollcall.print_rollcall(data)
         return code
     return 2
 

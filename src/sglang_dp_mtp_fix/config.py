@@ -30,6 +30,10 @@ PEER_TIMEOUT_ENV = "SGLANG_DP_MTP_FIX_PEER_TIMEOUT"
 REPORT_DIR_ENV = "SGLANG_DP_MTP_FIX_REPORT_DIR"
 METRICS_ENV = "SGLANG_DP_MTP_FIX_METRICS"
 RECORDER_DIR_ENV = "SGLANG_DP_MTP_FIX_RECORDER_DIR"
+STALL_ENV = "SGLANG_DP_MTP_FIX_STALL_S"
+# Below SGLang's own watchdog (--watchdog-timeout, 300 s by default), above any sane forward of one batch
+DEFAULT_STALL_S = 60.0
+MAX_STALL_S = 86400.0
 # SGLang's launcher sets this before it starts the schedulers exactly when it runs with --enable-metrics
 # (``set_prometheus_multiproc_dir``); a scheduler therefore knows at plugin load whether metrics are on.
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -75,6 +79,7 @@ class Config:
     # --enable-metrics and SGLANG_DP_MTP_FIX_METRICS is not off.
     export_metrics: bool = False
     recorder_dir: str | None = None  # None: no flight recorder (decided at load, like the counters)
+    stall_s: float | None = DEFAULT_STALL_S  # None: no stall line (SGLANG_DP_MTP_FIX_STALL_S=off)
     # Set when the config could not be parsed: the plugin then stays stock (auto) or stops (strict).
     error: str | None = None
 
@@ -150,6 +155,22 @@ def parse_peer_timeout(raw: str | None) -> float:
     return seconds
 
 
+def parse_stall(raw: str | None) -> float | None:
+    value = "" if raw is None else _clean(STALL_ENV, raw).lower()
+    if value == "":
+        return DEFAULT_STALL_S
+    if value == "off":
+        return None
+    digits = value.replace(".", "", 1)
+    seconds = float(value) if digits.isdigit() else 0.0  # plain decimal only ("1e3", "inf", "-5" refused)
+    if not 1 <= seconds <= MAX_STALL_S:
+        raise ConfigError(
+            f"{STALL_ENV}={raw!r} is not understood; accepted values: seconds as a plain decimal number from 1 to "
+            f"{MAX_STALL_S:g} (default {DEFAULT_STALL_S:g}, below SGLang's watchdog), off, or empty (default)"
+        )
+    return seconds
+
+
 def parse_report_dir(raw: str | None, name: str = REPORT_DIR_ENV) -> str | None:
     if raw is None:
         return None
@@ -195,6 +216,7 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
         report_dir = parse_report_dir(env.get(REPORT_DIR_ENV))
         export_metrics = parse_metrics(env.get(METRICS_ENV)) and bool(env.get(PROMETHEUS_DIR_ENV))
         recorder_dir = parse_report_dir(env.get(RECORDER_DIR_ENV), RECORDER_DIR_ENV)
+        stall_s = parse_stall(env.get(STALL_ENV))
     except ConfigError as exc:
         return Config(mode=mode, error=str(exc))
     return Config(
@@ -205,4 +227,5 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
         report_dir=report_dir,
         export_metrics=export_metrics,
         recorder_dir=recorder_dir,
+        stall_s=stall_s,
     )

@@ -18,7 +18,7 @@ import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import _version, metrics, peers, recorder, report, stats, transport
+from sglang_dp_mtp_fix import _version, metrics, monitor, peers, recorder, report, stats, transport
 from sglang_dp_mtp_fix.config import Config, load_config
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, groups
 from sglang_dp_mtp_fix.errors import StartupHazard as StartupHazard  # re-exported: its old home
@@ -104,6 +104,7 @@ def restore() -> None:
     global last_config, _report_path, _report_line
     get_manager().restore()
     stats.deactivate()
+    monitor.stop()
     rec = recorder.active()
     if rec is not None:
         rec.close()
@@ -138,10 +139,25 @@ def _after_scheduler_init(
             check_startup_hazards(self, config, manager)  # first: a group it leaves stock is what peers compare
             check_peers(manager, outcomes, config)
             transport.log_line(self, manager)  # before the scheduler's first MLP-sync round
+            start_monitor(self, manager)
+            counters = stats.active()
+            if counters is not None:  # the eager draft steps' reason "graphs off" (stats)
+                counters.graphs_off = bool(getattr(getattr(self, "server_args", None), "disable_cuda_graph", False))
             if config.export_metrics:
                 export_metrics(self, manager)
 
     manager.install_seam(Scheduler, "__init__", __init__)
+
+
+def start_monitor(scheduler: Any, manager: PatchManager) -> None:
+    """The stall watcher (and, once the recorder's file opens, the heartbeat): one daemon thread per scheduler whose
+    vote is applied (``monitor``). Never raises."""
+    if not any(o.id == "draft_graph_vote" and o.status is Status.APPLIED for o in manager.outcomes or []):
+        return
+    try:
+        monitor.start(dp_rank=recorder.scheduler_dp_rank(scheduler))
+    except Exception as exc:  # noqa: BLE001 - diagnostics must never crash the host
+        report.logger.warning("sglang-dp-mtp-fix: stall watcher not started: %r", exc)
 
 
 def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) -> None:
@@ -179,9 +195,14 @@ def export_metrics(scheduler: Any, manager: PatchManager) -> None:
         result = metrics.install(scheduler, manager.outcomes or [], _version.__version__)
     except Exception as exc:  # noqa: BLE001 - an exporter must never crash the host
         result = metrics.MetricsExport(False, f"sglang-dp-mtp-fix: vote counters not exported to /metrics: {exc!r}")
-    if result is None:
-        return
-    report.logger.log(logging.INFO if result.exported else logging.WARNING, result.line)
+    if result is not None:
+        report.logger.log(logging.INFO if result.exported else logging.WARNING, result.line)
+    try:
+        result = metrics.install_liveness(scheduler, monitor.active())
+    except Exception as exc:  # noqa: BLE001 - an exporter must never crash the host
+        result = metrics.MetricsExport(False, f"sglang-dp-mtp-fix: liveness not exported to /metrics: {exc!r}")
+    if result is not None:
+        report.logger.log(logging.INFO if result.exported else logging.WARNING, result.line)
 
 
 def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager | None = None) -> None:

@@ -25,6 +25,10 @@ class Totals:
     draft_graph_false: int = 0
     eager_own_seedless: int = 0
     eager_other_rank_vote: int = 0
+    # eager draft steps the vote did not force: the draft runner refused the graph (e.g. a batch above the captured
+    # sizes; counted per refusal), or this scheduler runs without CUDA graphs (counted per decode batch)
+    eager_runner_refused: int = 0
+    eager_graphs_off: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -32,6 +36,13 @@ class Totals:
 
 # generic decode vote, draft group vote, this rank's own draft vote (see VoteStats.record)
 Exporter = Callable[[bool, bool, bool], None]
+# why a draft step ran eager: OWN, GROUP, REFUSED, GRAPHS_OFF (metrics label values)
+REASON_OWN, REASON_GROUP, REASON_REFUSED, REASON_GRAPHS_OFF = (
+    "seedless_here",
+    "group_vote",
+    "runner_refused",
+    "graphs_off",
+)
 
 
 class VoteStats:
@@ -40,6 +51,15 @@ class VoteStats:
         self.window = Totals()
         self.total = Totals()
         self.exporter: Exporter | None = None  # set at scheduler start when SGLang's metrics are on (``metrics``)
+        self.reason_exporter: Callable[[str], None] | None = None  # likewise: one eager draft step by reason
+        self.graphs_off = False  # set at scheduler start: SGLang runs without CUDA graphs (--disable-cuda-graph)
+
+    def runner_refused(self) -> None:
+        """The draft runner refused its graph although the group voted yes (``can_run_graph`` said no itself)."""
+        self.window.eager_runner_refused += 1
+        self.total.eager_runner_refused += 1
+        if self.reason_exporter is not None:
+            self.reason_exporter(REASON_REFUSED)
 
     def record(self, generic_graph: bool, draft_graph: bool, local_vote: bool) -> None:
         for t in (self.window, self.total):
@@ -50,6 +70,8 @@ class VoteStats:
                 t.generic_graph_false += 1
             if draft_graph:
                 t.draft_graph_true += 1
+                if self.graphs_off:
+                    t.eager_graphs_off += 1
             else:
                 t.draft_graph_false += 1
                 if not local_vote:
@@ -58,6 +80,8 @@ class VoteStats:
                     t.eager_other_rank_vote += 1
         if self.exporter is not None:
             self.exporter(generic_graph, draft_graph, local_vote)
+        if self.reason_exporter is not None and (self.graphs_off or not draft_graph):
+            self.reason_exporter(REASON_GRAPHS_OFF if draft_graph else REASON_GROUP if local_vote else REASON_OWN)
         if self.every is not None and self.window.decode_batches >= self.every:
             w = self.window
             # Votes, not graph use: "graph-eligible" means no rank asked for eager, which is all the vote can know
@@ -67,6 +91,12 @@ class VoteStats:
                 "draft vote graph-eligible=%d forced-eager=%d; forced-eager by cause: %s=%d, %s=%d",
                 w.decode_batches, w.generic_graph_true, w.generic_graph_false, w.draft_graph_true,
                 w.draft_graph_false, OWN_SEEDLESS, w.eager_own_seedless, OTHER_RANK, w.eager_other_rank_vote,
+            )  # fmt: skip
+            logger.info(
+                "sglang-dp-mtp-fix eager draft steps by reason (last %d decode batches): seedless here=%d, group "
+                "vote=%d, runner refused=%d, graphs off=%d",
+                w.decode_batches, w.eager_own_seedless, w.eager_other_rank_vote, w.eager_runner_refused,
+                w.eager_graphs_off,
             )  # fmt: skip
             self.window = Totals()
 

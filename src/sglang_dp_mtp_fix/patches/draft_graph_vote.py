@@ -22,7 +22,7 @@ import contextvars
 import functools
 from typing import Any
 
-from sglang_dp_mtp_fix import recorder, stats
+from sglang_dp_mtp_fix import monitor, recorder, stats
 from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.errors import MixedDeploymentError as MixedDeploymentError
@@ -155,6 +155,9 @@ class DraftGraphVote(Patch):
         forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
         runner_gate = resolved[RUNNER_GATE].raw
 
+        # Rounds entered and finished, for the stall line (``monitor``: its thread reads them, nothing else here)
+        progress = monitor.configure(config.stall_s)
+
         @functools.wraps(sync_entry)
         def maybe_prepare_mlp_sync_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
             if batch is None:
@@ -163,10 +166,14 @@ class DraftGraphVote(Patch):
                 mark_pd_decode_batch(batch)  # eager_draft_gate, immediately before the sync
                 vote = local_draft_vote(batch)
             token = _local_vote.set(vote)
+            n = progress.entered = progress.entered + 1
             try:
-                return sync_entry(self, batch, *args, **kwargs)
+                result = sync_entry(self, batch, *args, **kwargs)
             finally:
                 _local_vote.reset(token)
+            progress.finished = n
+            progress.busy = result is not None  # the group had work (a rank without any gets an IDLE batch)
+            return result
 
         @functools.wraps(local_row)
         def _get_local_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -237,13 +244,26 @@ class DraftGraphVote(Patch):
             forward_batch.can_run_dp_draft_cuda_graph = getattr(batch, VOTE_ATTR, True)
             return forward_batch
 
-        @functools.wraps(runner_gate)
-        def can_run_graph(self: Any, forward_batch: Any) -> Any:
-            ok = runner_gate(self, forward_batch)
-            # Common case first (vote yes): one attribute read; objects that never synced keep graphs.
-            if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
-                return False
-            return ok
+        if counters is None:
+
+            @functools.wraps(runner_gate)
+            def can_run_graph(self: Any, forward_batch: Any) -> Any:
+                ok = runner_gate(self, forward_batch)
+                # Common case first (vote yes): one attribute read; objects that never synced keep graphs.
+                if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
+                    return False
+                return ok
+
+        else:
+
+            @functools.wraps(runner_gate)
+            def can_run_graph(self: Any, forward_batch: Any) -> Any:
+                ok = runner_gate(self, forward_batch)
+                if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
+                    return False
+                if not ok:
+                    counters.runner_refused()  # the runner's own no (e.g. above the captured sizes), not the vote's
+                return ok
 
         # Flight recorder (SGLANG_DP_MTP_FIX_RECORDER_DIR, ``recorder``): decided at load like the counters; unset, the
         # three wrappers stay as built above and nothing records.

@@ -1,0 +1,227 @@
+"""Liveness of a patched scheduler, kept by one daemon thread per process, never by the main thread (the main thread is
+what stops): the heartbeat in the flight-recorder file's header (``recfile``) and the stall line in SGLang's log.
+
+Heartbeat: about once a second the thread writes wall and monotonic time into the header of this process's recorder
+file (when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set). A rank blocked in a collective keeps ticking; a frozen, killed
+or OOM-killed process stops, which is what ``rollcall`` reads first.
+
+Stall line (``SGLANG_DP_MTP_FIX_STALL_S``, recorder or not): the vote's sync-entry wrapper counts MLP-sync rounds
+entered and finished in ``PROGRESS`` (three plain stores a round); the thread compares them each tick. A rank that has
+not finished a round for ``stall_s`` seconds while the group had work -- it is inside a round (entered, not finished:
+blocked in the gather), or its last round handed it a batch (the group had work: it is in the forward) -- logs one
+WARNING line in ``key=value`` form, and one line when a round finishes again. An idle rank between rounds (nothing
+to do, waiting for requests) is not stalled.
+
+The thread never raises into SGLang (every tick is guarded), is a daemon (it ends with the process) and is restarted
+in a forked child by the child's own recorder (``recorder.Recorder.detach``), never shared with the parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sglang_dp_mtp_fix import recfile
+
+logger = logging.getLogger("sglang_dp_mtp_fix")
+
+
+class Progress:
+    """MLP-sync rounds of this process, written by the main thread only (the vote's sync-entry wrapper)."""
+
+    __slots__ = ("entered", "finished", "busy")
+
+    def __init__(self) -> None:
+        self.entered = 0  # sync-entry calls begun
+        self.finished = 0  # the last one that returned
+        self.busy = False  # it returned a batch: the group had work (an idle rank gets an IDLE batch then)
+
+
+PROGRESS = Progress()
+# A forced stop (tests): every wait is bounded by this, so the thread always ends
+_TICK_S = recfile.HEARTBEAT_PERIOD_S
+
+
+class Monitor:
+    """The thread's state (one per process). ``tick`` is one pass: tests call it directly with a clock."""
+
+    def __init__(self, stall_s: float | None, dp_rank: int = -1) -> None:
+        self.stall_s = stall_s
+        self.dp_rank = dp_rank
+        self.ticks = 0
+        self.seen_finished = PROGRESS.finished
+        self.last_change = time.monotonic()
+        self.stalled_since: float | None = None
+        self.stalls = 0
+        self.on_tick: Callable[[float, bool], None] | None = None  # metrics: (seconds since a round, new stall)
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    # -- the heartbeat ------------------------------------------------------------------------------------------
+    def beat(self) -> None:
+        from sglang_dp_mtp_fix import recorder
+
+        rec = recorder.active()
+        if rec is None or rec.path is None:
+            return
+        self.ticks += 1
+        recfile.HEARTBEAT.pack_into(
+            rec.buf, recfile.HEARTBEAT_OFFSET, self.ticks, time.time(), time.monotonic_ns(), self.ticks
+        )
+
+    # -- the stall watcher --------------------------------------------------------------------------------------
+    def watch(self, now: float) -> None:
+        p = PROGRESS
+        finished, entered, busy = p.finished, p.entered, p.busy
+        new_stall = False
+        if finished != self.seen_finished:
+            if self.stalled_since is not None:
+                logger.warning("%s", self.recovery_line(now))
+                self.stalled_since = None
+            self.seen_finished, self.last_change = finished, now
+        elif (
+            self.stall_s is not None
+            and self.stalled_since is None
+            and now - self.last_change >= self.stall_s
+            and (entered != finished or busy)
+        ):
+            self.stalled_since = self.last_change
+            self.stalls += 1
+            new_stall = True
+            logger.warning("%s", self.stall_line(now, in_round=entered != finished))
+        if self.on_tick is not None:
+            self.on_tick(now - self.last_change, new_stall)
+
+    def _round_fields(self) -> dict[str, Any]:
+        from sglang_dp_mtp_fix import recorder
+
+        rec = recorder.active()
+        fields: dict[str, Any] = {"dp_rank": self.dp_rank}
+        if rec is not None and rec.path is not None:
+            fields["dp_rank"] = rec.dp_rank
+            fields["round"] = rec.round
+            fields["last_decided_round"] = rec.recorded_round or "none"
+            path, bucket = rec.path_of(rec.recorded_round)
+            fields["draft_path"] = path
+            fields["bucket"] = bucket if bucket is not None and bucket >= 0 else "none"
+        else:
+            fields["sync_call"] = PROGRESS.entered  # no recorder: the sync-entry calls of this process
+        return fields
+
+    def stall_line(self, now: float, in_round: bool) -> str:
+        fields = self._round_fields()
+        fields["where"] = "inside_mlp_sync" if in_round else "after_mlp_sync"
+        fields["stalled_s"] = f"{now - self.last_change:.1f}"
+        fields["stall_s"] = f"{self.stall_s:g}"
+        stale, live = peer_heartbeats()
+        fields["stale_peers"] = ",".join(stale) or "none"
+        fields["live_peers"] = ",".join(live) or "none"
+        return "sglang-dp-mtp-fix: stall: " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+    def recovery_line(self, now: float) -> str:
+        fields = self._round_fields()
+        since = now if self.stalled_since is None else self.stalled_since
+        fields["stalled_s"] = f"{now - since:.1f}"
+        return "sglang-dp-mtp-fix: stall over: " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+    # -- the thread ---------------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        self.beat()
+        self.watch(time.monotonic())
+
+    def run(self) -> None:
+        while not self.stop_event.wait(_TICK_S):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - liveness must never take the scheduler down
+                logger.debug("sglang-dp-mtp-fix: monitor tick failed", exc_info=True)
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, name="sglang-dp-mtp-fix-monitor", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(5 * _TICK_S)
+
+
+def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]]:
+    """The other ranks' heartbeats readable in this host's recorder directory: (stale, live), as ``dp<R>(...)``."""
+    from sglang_dp_mtp_fix import recorder, rollcall
+
+    rec = recorder.active()
+    if rec is None or rec.path is None:
+        return [], []
+    now_wall = time.time() if now_wall is None else now_wall
+    newest: dict[int, rollcall.RankFile] = {}
+    for path in rollcall.files_in(rec.directory):
+        try:
+            f = rollcall.read_file(path)
+        except Exception:  # noqa: BLE001 - a peer's unreadable file is just not named
+            continue
+        if f.pid == os.getpid() or (f.tp_rank in newest and newest[f.tp_rank].start_unix > f.start_unix):
+            continue
+        newest[f.tp_rank] = f
+    stale, live = [], []
+    for f in sorted(newest.values(), key=lambda f: f.tp_rank):
+        age = now_wall - f.heartbeat_wall if f.heartbeat_wall else None
+        name = f"dp{f.dp_rank}" if f.dp_size == f.tp_size else f"tp{f.tp_rank}"
+        if age is None or age > recfile.HEARTBEAT_STALE_S:
+            stale.append(f"{name}(pid={f.pid},heartbeat_age_s={'none' if age is None else f'{age:.1f}'},"
+                         f"state={rollcall.process_state(f)})")  # fmt: skip
+        else:
+            live.append(name)
+    return stale, live
+
+
+_monitor: Monitor | None = None
+_stall_s: float | None = None
+_dp_rank = -1
+
+
+def configure(stall_s: float | None) -> Progress:
+    """At load (the vote's wrappers): the stall threshold; the counters the sync-entry wrapper writes."""
+    global _stall_s
+    _stall_s = stall_s
+    return PROGRESS
+
+
+def start(dp_rank: int | None = None) -> Monitor:
+    """Start this process's thread (once; again in a forked child). ``dp_rank``: for the stall line without a
+    recorder (the Scheduler seam knows it)."""
+    global _monitor, _dp_rank
+    if dp_rank is not None:
+        _dp_rank = dp_rank
+    if _monitor is None:
+        _monitor = Monitor(_stall_s, _dp_rank)
+        _monitor.start()
+    elif dp_rank is not None:
+        _monitor.dp_rank = dp_rank
+    return _monitor
+
+
+def active() -> Monitor | None:
+    return _monitor
+
+
+def stop() -> None:
+    """Tests (the plugin's ``restore``): end the thread and forget the counters."""
+    global _monitor
+    if _monitor is not None:
+        _monitor.stop()
+    _monitor = None
+    PROGRESS.entered = PROGRESS.finished = 0
+    PROGRESS.busy = False
+
+
+def _forget_after_fork() -> None:
+    global _monitor
+    _monitor = None  # the parent's thread does not exist in the child
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

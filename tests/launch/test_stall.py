@@ -1,0 +1,184 @@
+"""A DP rank that stops, in a real CPU launch (issue 33): the tier's shape (DP attention 2, PD decode, NEXTN MTP) with
+the flight recorder and a short ``SGLANG_DP_MTP_FIX_STALL_S``. One launch serves the three checks, in order:
+
+1. SIGSTOP DP rank 1's scheduler with a request in flight on each rank: within STALL_S + 5 s DP rank 0's log has the
+   stall line naming its round, and ``rollcall`` exits 1 naming DP rank 1 as frozen;
+2. SIGCONT: DP rank 0 logs the recovery line, the requests in flight complete and a new one is served;
+3. SIGKILL DP rank 1's scheduler: ``rollcall`` names it dead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pytest
+from launchlib import base_env, post_generate, start_server
+from releases import AFFECTED, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION
+
+from sglang_dp_mtp_fix import rollcall
+
+STALL_RELEASES = ("0.5.20",)
+pytestmark = [
+    pytest.mark.skipif(
+        SGLANG_VERSION not in LAUNCHES_HERE,
+        reason=f"SGLang {SGLANG_VERSION} does not launch on CPU here yet: {NOT_YET.get(SGLANG_VERSION, 'not tried')}",
+    ),
+    pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason="the stall watcher rides on the vote (applied releases)"),
+    # One launch in CI's budget; LAUNCH_STALL_ANY_RELEASE=1 runs it on any release that launches (0.5.17 was run so)
+    pytest.mark.skipif(
+        SGLANG_VERSION not in STALL_RELEASES and not os.environ.get("LAUNCH_STALL_ANY_RELEASE"),
+        reason=f"one launch in CI: the stall scenario runs on {', '.join(STALL_RELEASES)}",
+    ),
+]
+
+STALL_S = 5
+STOPPED_RANK, LIVE_RANK = 1, 0
+STALL_LINE = re.compile(rf"sglang-dp-mtp-fix: stall: (?P<fields>dp_rank={LIVE_RANK} [^\n]*)")
+RECOVERY_LINE = re.compile(rf"sglang-dp-mtp-fix: stall over: (?P<fields>dp_rank={LIVE_RANK} [^\n]*)")
+IN_FLIGHT_TOKENS = 96
+
+
+def _fields(text: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in text.split())
+
+
+def _request(port: int, rank: int, room: int, tokens: int) -> dict:
+    body = {
+        "routed_dp_rank": rank,
+        "bootstrap_host": "2.2.2.2",  # SGLang's fake-transfer marker (PD decode), never contacted
+        "bootstrap_room": room,
+        "input_ids": [1, 5 + room % 50, 6, 7],
+        "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True},
+    }
+    return post_generate(port, body, timeout=240)
+
+
+def _wait_for(what: str, predicate, timeout: float, log=lambda: ""):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.2)
+    pytest.fail(f"{what}: not within {timeout:g} s; log tail:\n{log()[-3000:]}")
+
+
+@dataclass
+class StallRun:
+    stopped_pid: int
+    stall_after_s: float
+    stall_fields: dict[str, str]
+    recovery_fields: dict[str, str]
+    frozen: tuple[dict, int]
+    in_flight: list[dict]
+    after: dict
+    dead: tuple[dict, int]
+    log: str  # from the stop on
+    notes: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
+    rec_dir = launch_tmp / "stall-recorder"
+    rec_dir.mkdir()
+    env = base_env(gaps_path, SGLANG_DP_MTP_FIX_RECORDER_DIR=str(rec_dir), SGLANG_DP_MTP_FIX_STALL_S=str(STALL_S))
+    server = start_server("stall", launch_tmp, env)
+    stopped_pid = None
+    try:
+        t0 = time.monotonic()
+        if not server.wait_ready():
+            pytest.fail(f"stall: server never became ready; log tail:\n{server.log[-4000:]}")
+        launch_timings["stall_ready"] = round(server.ready_s or 0, 1)
+
+        def files() -> dict[int, rollcall.RankFile]:
+            got = {}
+            for path in rollcall.files_in(str(rec_dir)):
+                f = rollcall.read_file(path)
+                got[f.dp_rank] = f
+            return got if set(got) == {0, 1} and all(f.heartbeat_ticks for f in got.values()) else {}
+
+        ranks = _wait_for("both ranks' recorder files with a heartbeat", files, 60, lambda: server.log)
+        stopped_pid = ranks[STOPPED_RANK].pid
+        base = ranks[STOPPED_RANK].last_round
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(_request, server.port, rank, 6000 + rank, IN_FLIGHT_TOKENS) for rank in (0, 1)]
+            # Both ranks decode: rounds with a batch are recorded on the rank that will stop
+            _wait_for(
+                "rank 1 decoding",
+                lambda: rollcall.read_file(ranks[STOPPED_RANK].path).last_round > base + 3,
+                120,
+                lambda: server.log,
+            )
+            # A warm-up forward slower than STALL_S on this busy host logs a stall and a recovery of its own: only
+            # the log after the stop is read
+            mark = len(server.log)
+            os.kill(stopped_pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            try:
+                match = _wait_for("the stall line", lambda: STALL_LINE.search(server.log, mark), STALL_S + 20,
+                                  lambda: server.log)  # fmt: skip
+                stall_after_s = time.monotonic() - stopped_at
+                frozen = rollcall.rollcall([str(rec_dir)])
+                assert not any(f.done() for f in futures), "the requests finished while a rank was stopped"
+            finally:
+                os.kill(stopped_pid, signal.SIGCONT)
+            recovery = _wait_for("the recovery line", lambda: RECOVERY_LINE.search(server.log, mark), 60,
+                                 lambda: server.log)  # fmt: skip
+            in_flight = [f.result(timeout=240) for f in futures]
+        after = _request(server.port, STOPPED_RANK, 6100 + STOPPED_RANK, 8)
+        os.kill(stopped_pid, signal.SIGKILL)
+        _wait_for("rank 1 gone", lambda: rollcall.process_state(ranks[STOPPED_RANK]) == "dead", 30)
+        dead = rollcall.rollcall([str(rec_dir)], settle_s=0)
+        launch_timings["stall"] = round(time.monotonic() - t0, 1)
+        return StallRun(stopped_pid, stall_after_s, _fields(match["fields"]), _fields(recovery["fields"]), frozen,
+                        in_flight, after, dead, server.log[mark:])  # fmt: skip
+    finally:
+        if stopped_pid is not None:
+            try:
+                os.kill(stopped_pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        server.stop()
+        assert not server.group_alive(), "stall: processes left behind"
+
+
+def test_the_live_rank_logs_the_stall_line_naming_its_round(run):
+    f = run.stall_fields
+    assert run.stall_after_s <= STALL_S + 5, run.stall_after_s
+    # blocked in the gather, or in the forward's own collectives (what this shape does: TP 2 MoE layers)
+    assert f["dp_rank"] == str(LIVE_RANK) and int(f["round"]) > 0, f
+    assert f["where"] in ("inside_mlp_sync", "after_mlp_sync"), f
+    assert float(f["stalled_s"]) >= STALL_S and f["stall_s"] == str(STALL_S), f
+    assert int(f["last_decided_round"]) <= int(f["round"]), f
+    assert (
+        f["stale_peers"].startswith(f"dp{STOPPED_RANK}(pid={run.stopped_pid},")
+        and "state=stopped" in (f["stale_peers"])
+    ), f
+    print("stall line:", " ".join(f"{k}={v}" for k, v in f.items()))
+
+
+def test_rollcall_names_the_frozen_rank(run):
+    data, code = run.frozen
+    print("rollcall (frozen):", data["answer"])
+    assert code == 1 and data["verdict"] == "stopped" and data["stopped_ranks"] == [STOPPED_RANK], data["answer"]
+    assert f"DP rank {STOPPED_RANK} stopped: frozen (pid {run.stopped_pid} is stopped" in data["answer"]
+
+
+def test_sigcont_recovers_and_serves_again(run):
+    assert run.recovery_fields["dp_rank"] == str(LIVE_RANK), run.recovery_fields
+    assert float(run.recovery_fields["stalled_s"]) >= STALL_S, run.recovery_fields
+    assert [len(out["output_ids"]) for out in run.in_flight] == [IN_FLIGHT_TOKENS] * 2
+    assert run.after["meta_info"]["dp_rank"] == STOPPED_RANK and len(run.after["output_ids"]) == 8
+    assert len(re.findall(f"sglang-dp-mtp-fix: stall: dp_rank={LIVE_RANK} ", run.log)) == 1  # one line a stall
+
+
+def test_rollcall_names_the_dead_rank(run):
+    data, code = run.dead
+    print("rollcall (dead):", data["answer"])
+    assert code == 1 and STOPPED_RANK in data["stopped_ranks"], data["answer"]
+    assert f"DP rank {STOPPED_RANK} stopped: dead (pid {run.stopped_pid} is gone)" in data["answer"]

@@ -1,0 +1,231 @@
+"""The monitor thread (issue 33): the heartbeat in the recorder file, and the stall line; with ``rollcall``'s
+liveness verdicts on real writer processes (the recorder's own code, no SGLang: a main thread held in a blocking
+call stands for a rank blocked in a collective)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_dp_mtp_fix import monitor, recfile, rollcall
+from sglang_dp_mtp_fix.config import STALL_ENV, load_config
+
+HELD_WRITER = """
+import sys, threading
+from contextvars import ContextVar
+from sglang_dp_mtp_fix import recorder
+from sglang_dp_mtp_fix.config import Config
+
+rank, rounds = int(sys.argv[2]), int(sys.argv[3])
+same = lambda *a, **k: None
+recorder.instrument(Config(recorder_dir=sys.argv[1]), same, same, same, "d", "g", ContextVar("v"))
+rec = recorder.active()
+rec.open(None, ranks=(rank, 2, rank, 2, rank))  # starts the monitor thread (the heartbeat)
+for _ in range(rounds):
+    rec.enter()
+    rec.sync(2, 2, recorder.SENT_GENERIC | recorder.GROUP_DRAFT)
+    rec.draft_path(recorder.PATH_GRAPH, 8)
+print("open", flush=True)
+threading.Event().wait()  # the main thread held, as in a collective that never returns
+"""
+
+
+class Writers:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, rank: int, rounds: int) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(HELD_WRITER), str(self.directory), str(rank), str(rounds)],
+            stdout=subprocess.PIPE,
+        )
+        self.procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline() == b"open\n"
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+
+
+@pytest.fixture
+def writers(tmp_path):
+    w = Writers(tmp_path)
+    yield w
+    w.stop()
+
+
+def wait_heartbeats(directory: Path, count: int, ticks: int = 2, timeout: float = 30) -> list[rollcall.RankFile]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = [rollcall.read_file(p) for p in rollcall.files_in(str(directory))]
+        if len(got) == count and all(f.heartbeat_ticks >= ticks for f in got):
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"no {count} ticking heartbeats in {directory} within {timeout} s")
+
+
+def test_held_ranks_keep_ticking_then_rollcall_names_the_frozen_and_the_dead_rank(writers, tmp_path):
+    writers.start(0, 10)
+    one = writers.start(1, 10)
+    wait_heartbeats(tmp_path, 2)
+    # (c) both alive, held in the same round, the same decisions: a stall outside the vote
+    data, code = rollcall.rollcall([str(tmp_path)])
+    assert code == 1 and data["verdict"] == "stall_outside_vote", data["answer"]
+    assert "all in round 10 with the same decisions: a stall outside the vote" in data["answer"]
+    assert "CUDA_MODULE_LOADING=EAGER" in data["answer"] and "sglang#33642" in data["answer"]
+    assert all(r["process"] == "running" and not r["stopped"] for r in data["ranks"])
+    # (b) frozen: SIGSTOP stops its heartbeat thread with it
+    os.kill(one.pid, signal.SIGSTOP)
+    try:
+        data, code = rollcall.rollcall([str(tmp_path)])
+        assert code == 1 and data["verdict"] == "stopped" and data["stopped_ranks"] == [1], data["answer"]
+        assert f"DP rank 1 stopped: frozen (pid {one.pid} is stopped: SIGSTOP or a debugger)" in data["answer"]
+        frozen_at = rollcall.read_file(next(r["file"] for r in data["ranks"] if r["rank"] == 1)).heartbeat_ticks
+        time.sleep(recfile.HEARTBEAT_STALE_S + 1)
+        f1 = rollcall.read_file(next(r["file"] for r in data["ranks"] if r["rank"] == 1))
+        assert f1.heartbeat_ticks == frozen_at  # no tick while stopped ...
+        data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
+        assert data["ranks"][1]["heartbeat_behind_s"] > recfile.HEARTBEAT_STALE_S, data["ranks"]  # ... rank 0 ticks
+    finally:
+        os.kill(one.pid, signal.SIGCONT)
+    # (b) dead
+    one.kill()
+    one.wait(30)
+    data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
+    assert (
+        code == 1
+        and data["stopped_ranks"] == [1]
+        and f"DP rank 1 stopped: dead (pid {one.pid} is gone)" in (data["answer"])
+    ), data["answer"]
+
+
+def test_rollcall_names_a_rank_many_rounds_behind(writers, tmp_path):
+    writers.start(0, 40)
+    writers.start(1, 12)
+    wait_heartbeats(tmp_path, 2)
+    data, code = rollcall.rollcall([str(tmp_path)])
+    assert code == 1 and data["verdict"] == "behind" and data["behind_ranks"] == [1], data["answer"]
+    assert "DP rank [1] is many rounds behind (entered 12; the others up to 40)" in data["answer"]
+
+
+# --- the stall watcher, one tick at a time ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def progress():
+    saved = (monitor.PROGRESS.entered, monitor.PROGRESS.finished, monitor.PROGRESS.busy)
+    yield monitor.PROGRESS
+    monitor.PROGRESS.entered, monitor.PROGRESS.finished, monitor.PROGRESS.busy = saved
+
+
+def test_one_stall_line_per_stall_and_one_recovery_line(progress, caplog):
+    caplog.set_level(logging.WARNING, "sglang_dp_mtp_fix")
+    progress.entered = progress.finished = 7
+    m = monitor.Monitor(stall_s=10, dp_rank=1)
+    m.watch(0.0)
+    progress.entered = 8  # round 8 entered, never finished: blocked in the gather
+    m.last_change = 0.0
+    for t in (1.0, 5.0, 9.9):
+        m.watch(t)
+    assert not caplog.records
+    for t in (10.0, 11.0, 30.0):
+        m.watch(t)
+    (line,) = (r.getMessage() for r in caplog.records)
+    assert line.startswith("sglang-dp-mtp-fix: stall: dp_rank=1 sync_call=8 where=inside_mlp_sync stalled_s=10.0 ")
+    assert "stall_s=10 stale_peers=none live_peers=none" in line and m.stalls == 1
+    progress.finished = 8
+    m.watch(31.0)
+    assert [r.getMessage() for r in caplog.records][1] == (
+        "sglang-dp-mtp-fix: stall over: dp_rank=1 sync_call=8 stalled_s=31.0"
+    )
+    progress.entered = 9
+    m.watch(45.0)
+    assert m.stalls == 2 and len(caplog.records) == 3  # a new stall is a new line
+
+
+def test_an_idle_rank_between_rounds_is_not_stalled_a_busy_one_is(progress, caplog):
+    caplog.set_level(logging.WARNING, "sglang_dp_mtp_fix")
+    progress.entered = progress.finished = 3
+    progress.busy = False  # its last round handed it nothing: waiting for requests
+    m = monitor.Monitor(stall_s=5)
+    m.last_change = 0.0
+    m.watch(100.0)
+    assert not caplog.records
+    progress.busy = True  # its last round had work: it is in the forward and never came back
+    m.watch(101.0)
+    assert "where=after_mlp_sync" in caplog.records[0].getMessage()
+
+
+def test_stall_off_logs_nothing_and_the_metrics_hook_sees_every_tick(progress, caplog):
+    caplog.set_level(logging.WARNING, "sglang_dp_mtp_fix")
+    progress.entered, progress.finished = 2, 1
+    seen: list[tuple[float, bool]] = []
+    m = monitor.Monitor(stall_s=None)
+    m.on_tick = lambda since, new: seen.append((since, new))
+    m.last_change = 0.0
+    m.watch(1000.0)
+    assert not caplog.records and seen == [(1000.0, False)]
+
+
+def test_the_thread_survives_a_failing_tick_and_stops_with_stop(monkeypatch):
+    calls = []
+
+    def failing() -> None:
+        calls.append(1)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(monitor, "_TICK_S", 0.01)
+    m = monitor.Monitor(stall_s=None)
+    monkeypatch.setattr(m, "tick", failing)
+    m.start()
+    deadline = time.monotonic() + 10
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(calls) >= 3 and m.thread is not None and m.thread.daemon and m.thread.is_alive()
+    m.stop()
+    assert not m.thread.is_alive()
+
+
+def test_a_forked_child_starts_without_the_parents_monitor(monkeypatch):
+    monkeypatch.setattr(monitor, "_TICK_S", 0.01)
+    m = monitor.start()
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(w, b"none" if monitor.active() is None else b"kept")
+            finally:
+                os._exit(0)
+        os.close(w)
+        assert os.read(r, 8) == b"none"
+        os.waitpid(pid, 0)
+        assert monitor.active() is m
+    finally:
+        monitor.stop()
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"), [(None, 60.0), ("", 60.0), ("15", 15.0), ("2.5", 2.5), ("off", None), ("OFF", None)]
+)
+def test_stall_seconds_parse(raw, want):
+    env = {} if raw is None else {STALL_ENV: raw}
+    assert load_config([], env).stall_s == want
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "1e3", "inf", "nan", "soon", "0.5", "100000"])
+def test_stall_seconds_bad_input_is_a_clear_error(raw):
+    error = load_config([], {STALL_ENV: raw}).error or ""
+    assert f"{STALL_ENV}={raw!r} is not understood; accepted values: seconds" in error
