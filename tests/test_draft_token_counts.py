@@ -190,3 +190,32 @@ def test_an_unreadable_draft_answer_leaves_the_group_stock_with_one_line(restore
     restored.register()
     with pytest.raises(restored.StartupHazard, match="draft_token_counts cannot start on this scheduler"):
         restored.check_startup_hazards(scheduler, restored.last_config)
+
+
+def test_the_draft_answer_is_read_each_round_and_nothing_stale_is_lent(restored, monkeypatch):
+    """deepep/none, then elastic EP scale-up (both answers True; a stand-in): the persistent running batch must not
+    keep the draft lists of the round before the change; the draft reads the target's gathered lists after it."""
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler_components import dp_attn
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from sglang_dp_mtp_fix.harness.draft_counts import GatheredSyncInfoStandIn, scale_up
+    from sglang_dp_mtp_fix.harness.standins import ModelRunnerStandIn, decode_tensors
+
+    monkeypatch.setenv(MODE_ENV, "auto")
+    server_args("deepep", "none")
+    restored.register()
+    reqs = [Req(f"r{i}", "", [1, 2, 3, 4], SamplingParams(max_new_tokens=8)) for i in range(2)]
+    batch = ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.DECODE)
+    dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 12]), False)
+    assert batch.draft_global_num_tokens == [2, 12]
+    scale_up(True)
+    try:
+        dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 5]), True)  # the same running batch
+        assert batch.draft_global_num_tokens is None and batch.draft_global_num_tokens_for_logprob is None
+        decode_tensors(batch)
+        view = ForwardBatch.init_new(batch, ModelRunnerStandIn(device="cpu", is_draft_worker=True), **_init_kwargs())
+        assert view.original_global_num_tokens_cpu == [2, 5]
+    finally:
+        scale_up(False)

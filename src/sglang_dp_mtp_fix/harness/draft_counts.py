@@ -18,6 +18,7 @@ the expert-parallel group, which needs the peer ranks).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from array import array
@@ -68,6 +69,25 @@ def initialize_moe_config(sa: Any) -> None:
 
     init = moe_utils.initialize_moe_config
     init(sa) if inspect.signature(init).parameters else init()
+
+
+def scale_up(expanded: bool) -> None:
+    """STAND-IN for elastic EP scale-up (0.5.20 ``require_mlp_tp_gather``: once ``elastic_expanded_world_enabled()``
+    holds it answers True, before any backend check, for the target and inside the draft's backend context alike;
+    reaching it for real needs an elastic-EP state manager with ranks admitted after launch). ``expanded``:
+    SGLang's function on its module answers True from now on (signature kept); False: the original back."""
+    from sglang.srt.utils import common
+
+    original = getattr(common.require_mlp_tp_gather, "__wrapped__", common.require_mlp_tp_gather)
+    if not expanded:
+        common.require_mlp_tp_gather = original
+        return
+
+    @functools.wraps(original)
+    def expanded_world(*args: Any, **kwargs: Any) -> bool:
+        return True
+
+    common.require_mlp_tp_gather = expanded_world
 
 
 def gather_answers(sa: Any) -> tuple[bool, bool]:
