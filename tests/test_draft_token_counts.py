@@ -219,3 +219,46 @@ def test_the_draft_answer_is_read_each_round_and_nothing_stale_is_lent(restored,
         assert view.original_global_num_tokens_cpu == [2, 5]
     finally:
         scale_up(False)
+
+
+def test_multi_layer_eagle_keeps_the_target_counts_on_every_dp_rank(restored, monkeypatch):
+    """``--enable-multi-layer-eagle``, target none / draft deepep, eager draft-extend on DP ranks 0 and 1: its worker
+    runs the draft under the target's backend (which gathers), so it must read the target's gathered counts, as
+    stock does. Lending it the draft-backend ``[local]`` made rank 1 index past the list (``IndexError`` in
+    ``set_local_num_token_non_padded``, 0.5.20) where stock runs."""
+    from sglang_dp_mtp_fix.harness.draft_counts import multi_layer_draft_extend
+
+    stock = [multi_layer_draft_extend("none", "deepep", (2, 5), rank) for rank in (0, 1)]
+    assert [r.get("error") for r in stock] == [None, None], stock
+    monkeypatch.setenv(MODE_ENV, "auto")
+    server_args("none", "deepep", multi_layer=True)
+    outcomes = {o.id: o.status.value for o in restored.register()}
+    assert outcomes["draft_token_counts"] == "applied", outcomes
+    patched = [multi_layer_draft_extend("none", "deepep", (2, 5), rank) for rank in (0, 1)]
+    assert patched == stock
+
+
+@pytest.mark.parametrize("target,draft", [("none", "none"), ("deepep", "deepep")])
+def test_equal_backends_lend_nothing_and_read_nothing_per_round(restored, monkeypatch, target, draft):
+    """Equal backends answer alike every round (the draft's context changes only the backend that
+    ``require_mlp_tp_gather`` reads): the draft counts are None each round, also over a stale list, and SGLang's
+    answer is not asked per round (the sync path's cost)."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.scheduler_components import dp_attn
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.utils import common
+
+    from sglang_dp_mtp_fix.harness.draft_counts import GatheredSyncInfoStandIn
+
+    monkeypatch.setenv(MODE_ENV, "auto")
+    server_args(target, draft)
+    restored.register()
+    batch = ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE)
+    dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 12]), target == "none")  # first round
+    asked = []
+    original = common.require_mlp_tp_gather
+    monkeypatch.setattr(common, "require_mlp_tp_gather", lambda *a, **k: asked.append(1) or original(*a, **k))
+    batch.draft_global_num_tokens = batch.draft_global_num_tokens_for_logprob = [7, 7]  # a stale list
+    dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 12]), target == "none")
+    assert batch.draft_global_num_tokens is None and batch.draft_global_num_tokens_for_logprob is None
+    assert asked == []

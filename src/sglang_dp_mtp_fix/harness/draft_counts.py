@@ -47,9 +47,10 @@ class GatheredSyncInfoStandIn:
         return False if "graph" not in name else True  # decode-graph votes yes; other group fields off
 
 
-def server_args(target: str, draft: str, world: int = 2, rank: int = 0) -> Any:
-    """The deployment's ServerArgs (``world`` DP ranks, EP over all of them), published as this process's scheduler
-    (rank ``rank``) publishes it, and the MoE config initialized from it."""
+def server_args(target: str, draft: str, world: int = 2, rank: int = 0, multi_layer: bool = False) -> Any:
+    """The deployment's ServerArgs (``world`` DP ranks, EP over all of them; ``multi_layer``:
+    ``--enable-multi-layer-eagle``), published as this process's scheduler (rank ``rank``) publishes it, and the MoE
+    config initialized from it."""
     from sglang.srt.server_args import ServerArgs
 
     sa = ServerArgs(
@@ -57,6 +58,7 @@ def server_args(target: str, draft: str, world: int = 2, rank: int = 0) -> Any:
         enable_dp_lm_head=True, moe_dense_tp_size=1, skip_tokenizer_init=True, load_format="dummy",
         speculative_algorithm="EAGLE", speculative_draft_model_path=DUMMY_MODEL,
         moe_a2a_backend=target, speculative_moe_a2a_backend=draft,
+        **({"enable_multi_layer_eagle": True} if multi_layer else {}),
     )  # fmt: skip
     publish_server_args(sa, rank)
     initialize_moe_config(sa)
@@ -188,3 +190,59 @@ def release_rows(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[
         view = ForwardBatch.init_new(batch, draft_model_runner, **kwargs)
         rows.append(_row(view, _runner(draft_gather)))
     return rows
+
+
+def multi_layer_draft_extend(target: str, draft: str, counts: tuple[int, ...], rank: int) -> dict[str, Any]:
+    """``--enable-multi-layer-eagle``'s eager draft-extend on DP rank ``rank`` (0.5.15.post1-0.5.20; stock, or with
+    the plugin applied), up to the value that indexes the per-rank counts.
+
+    REAL: ``_update_gather_batch`` with the scheduler's answer; ``prepare_for_draft_extend`` (what
+    ``MultiLayerEagleDraftWorker._draft_extend_for_decode`` calls) with an ``EagleDraftExtendInput`` of its width
+    (``speculative_num_steps + 1`` = 4 rows per request, 1 for logprobs) and ``ForwardBatch.init_new`` with the draft
+    model runner; ``ForwardBatch.set_local_num_token_non_padded`` (what ``ModelRunner._prepare_eager_forward_batch``
+    calls on the eager path), outside ``speculative_moe_a2a_backend_context`` as the multi-layer worker runs.
+    STAND-INS: the harness's ``ModelRunnerStandIn`` (``prefill_attention_backend_str`` torch_native: positions on
+    CPU) and decode tensors; ``GatheredSyncInfoStandIn``; ``dp_attention``'s rank globals (set by
+    ``initialize_dp_attention`` from the process groups); ``batch.model_config`` (its vocab size only);
+    ``enable_num_token_non_padded`` as the tests set it (EP world > 1)."""
+    import torch
+    from sglang.srt.layers import dp_attention
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler_components.dp_attn import _update_gather_batch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative import eagle_worker_common
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    target_gather, _ = gather_answers(server_args(target, draft, world=len(counts), rank=rank, multi_layer=True))
+    algo = SpeculativeAlgorithm.from_string("EAGLE")
+    local = counts[rank]
+    reqs = [Req(f"r{rank}-{i}", "", array("i", [1, 2, 3, 4]), SamplingParams(max_new_tokens=8)) for i in range(local)]
+    batch = ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.DECODE, spec_algorithm=algo)
+    _update_gather_batch(batch, GatheredSyncInfoStandIn(local, list(counts)), target_gather)
+    decode_tensors(batch)
+    batch.model_config = SimpleNamespace(vocab_size=1000)
+    width = 4
+    extend_input = EagleDraftExtendInput(
+        hidden_states=None, num_tokens_per_req=width, num_tokens_for_logprob_per_req=1, num_front_tokens=0
+    )
+    runner = ModelRunnerStandIn(
+        device="cpu", spec_algorithm=algo, is_draft_worker=True, prefill_attention_backend_str="torch_native"
+    )
+    saved = dp_attention._ATTN_DP_RANK, dp_attention._ATTN_DP_SIZE
+    dp_attention._ATTN_DP_RANK, dp_attention._ATTN_DP_SIZE = rank, len(counts)
+    try:
+        view = eagle_worker_common.prepare_for_draft_extend(
+            extend_input, batch, torch.zeros(local * width, dtype=torch.int64), width, runner, None,
+            return_hidden_states_before_norm=True,
+        )  # fmt: skip
+        row: dict[str, Any] = {"global_num_tokens_cpu": list(view.global_num_tokens_cpu)}
+        try:
+            view.set_local_num_token_non_padded(sharded=False)
+            row["num_token_non_padded"] = int(view.num_token_non_padded)
+        except IndexError as exc:
+            row["error"] = f"IndexError: {exc}"
+    finally:
+        dp_attention._ATTN_DP_RANK, dp_attention._ATTN_DP_SIZE = saved
+    return row

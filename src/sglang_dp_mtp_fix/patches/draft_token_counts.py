@@ -13,7 +13,8 @@ How:      No collective: the MLP-sync gather holds every rank's counts. Two seam
             * ``ForwardBatch.init_new`` for a draft model runner (``is_draft_worker``): the lists are lent to the
               batch for the call, restored exactly after; SGLang's own code reads them.
           Target forwards untouched. Scheduler start: the answer must be readable (else the group stays stock);
-          no draft or no DP attention: nothing read per round.
+          no draft, no DP attention, equal backends (equal answers every round) or a multi-layer EAGLE draft (it
+          runs under the target's backend): nothing read or lent per round.
 Releases: applied on 0.5.15.post1 – 0.5.20 (group dp_draft_vote: it stacks on the vote's two wrappers). Superseded
           from 0.5.21.
 Removable when: the oldest supported release carries upstream #32196 (0.5.21).
@@ -65,6 +66,37 @@ def draft_gathers(server_args: Any = None) -> bool:
         return bool(common.require_mlp_tp_gather(server_args))
 
 
+def draft_backend_differs() -> bool:
+    """Whether the draft's context installs another MoE a2a backend than the target's. Of the flags that context
+    changes, ``require_mlp_tp_gather`` reads only the backend (premises GATHER_ANSWER, DRAFT_CONTEXT): with equal
+    backends the two answers are equal every round, whatever else changes (elastic scale-up turns both alike), so
+    nothing need be read per round."""
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend, get_speculative_moe_a2a_backend
+
+    return bool(get_speculative_moe_a2a_backend() != get_moe_a2a_backend())
+
+
+def multi_layer_eagle(scheduler: Any = None) -> bool:
+    """Whether the draft is ``--enable-multi-layer-eagle``'s ``MultiLayerEagleWorkerV2``, which builds, captures and
+    runs its draft outside ``speculative_moe_a2a_backend_context``: its runner's ``require_mlp_tp_gather`` is the
+    target's answer. ``scheduler``: its spec worker and server args; None: this process's published config."""
+    worker = getattr(scheduler, "draft_worker", None)
+    if worker is not None and type(worker).__module__.endswith(".multi_layer_eagle_worker_v2"):
+        return True
+    try:  # 0.5.18+: the resolved config (a model's overrides can turn it on)
+        from sglang.srt.runtime_context import get_spec
+
+        return bool(get_spec().enable_multi_layer_eagle)
+    except (ImportError, AttributeError):
+        pass
+    server_args = getattr(scheduler, "server_args", None)
+    if server_args is None:
+        from sglang.srt.server_args import get_global_server_args
+
+        server_args = get_global_server_args()
+    return bool(getattr(server_args, "enable_multi_layer_eagle", False))
+
+
 def draft_answer_reader() -> Callable[[], bool]:
     """``draft_gathers()`` for the per-round path: the signature question asked once, SGLang's function and the
     published ServerArgs looked up at each call (both can be rebound at run time)."""
@@ -102,7 +134,8 @@ class DraftTokenCounts(Patch):
     )
 
     def __init__(self) -> None:
-        # Whether this scheduler sizes a draft under DP attention (set at scheduler start; empty: not known yet).
+        # Whether this scheduler's draft can answer require_mlp_tp_gather unlike its target, so that its answer is
+        # read each round (set at scheduler start; empty: not known yet).
         self.sizes_draft: list[bool] = []
 
     def classify(self) -> None:
@@ -113,8 +146,11 @@ class DraftTokenCounts(Patch):
         if getattr(scheduler, "draft_worker", None) is None or not getattr(server_args, "enable_dp_attention", False):
             self.sizes_draft[:] = [False]  # nothing to size: no draft, or no DP ranks to agree with
             return
+        if multi_layer_eagle(scheduler):
+            self.sizes_draft[:] = [False]  # its draft gathers as the target does: the target's counts are its own
+            return
         draft_gathers(server_args)  # unreadable: raises, and the group stays stock here
-        self.sizes_draft[:] = [True]
+        self.sizes_draft[:] = [draft_backend_differs()]
 
     def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         update_batch = resolved[UPDATE_BATCH].raw
@@ -127,7 +163,7 @@ class DraftTokenCounts(Patch):
             if not sizes_draft:  # no scheduler start in this process (the rank harness): its published ServerArgs
                 try:
                     draft_gathers()
-                    sizes_draft.append(True)
+                    sizes_draft.append(not multi_layer_eagle() and draft_backend_differs())
                 except Exception:  # noqa: BLE001 - no ServerArgs at all: not a scheduler, nothing to size
                     sizes_draft.append(False)
             return read_draft_answer() if sizes_draft[0] else None
