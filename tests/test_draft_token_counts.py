@@ -24,7 +24,7 @@ import pytest
 from support import affected_only
 
 from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, load_config
-from sglang_dp_mtp_fix.harness.draft_counts import COUNTS, PAIRS, gather_answers, release_rows, server_args
+from sglang_dp_mtp_fix.harness.draft_counts import COUNTS, GATHERED, PAIRS, gather_answers, release_rows, server_args
 from sglang_dp_mtp_fix.patches import PATCH_IDS
 from sglang_dp_mtp_fix.patches._startup_checks import draft_token_counts_hazard
 
@@ -44,14 +44,18 @@ def _ep_world(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forward_batch_info, "enable_num_token_non_padded", lambda: True)
 
 
-def oracle(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[str, Any]]:
-    case = next(c for c in ORACLE["cases"] if (c["target"], c["draft"], tuple(c["counts"])) == (target, draft, counts))
+def oracle(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True) -> list[dict[str, Any]]:
+    key = (target, draft, counts, gathered)
+    case = next(c for c in ORACLE["cases"] if (c["target"], c["draft"], tuple(c["counts"]), c["gathered"]) == key)
     return list(case["ranks"])
 
 
 def test_the_oracle_is_upstreams_and_covers_every_case():
     assert ORACLE["sglang"] == "0.5.23" and "gen_draft_counts_oracle.py" in ORACLE["command"]
-    assert len(ORACLE["cases"]) == len(PAIRS) * len(COUNTS)
+    assert len(ORACLE["cases"]) == len(PAIRS) * len(COUNTS) * len(GATHERED)
+    assert {len(c["counts"]) for c in ORACLE["cases"]} == {2, 3}
+    assert any(r["global_num_tokens_cpu"] != r["global_num_tokens_for_logprob_cpu"] for c in ORACLE["cases"]
+               for r in c["ranks"])  # fmt: skip
 
 
 def test_differing_draft_backend_changes_the_gather_answer():
@@ -63,10 +67,14 @@ def test_differing_draft_backend_changes_the_gather_answer():
 
 def test_stock_matches_upstream_on_equal_backends_and_differs_where_they_differ():
     """The control: stock gives the draft the target's counts, so it is upstream's answer only where the two agree."""
+    differ = 0
     for target, draft in PAIRS:
         for counts in COUNTS:
-            same = release_rows(target, draft, counts) == oracle(target, draft, counts)
-            assert same is ((target, draft) not in DIFFERING), (target, draft, counts)
+            for gathered in GATHERED:
+                same = release_rows(target, draft, counts, gathered) == oracle(target, draft, counts, gathered)
+                assert same or (target, draft) in DIFFERING, (target, draft, counts, gathered)
+                differ += not same
+    assert differ > 0  # the control: stock differs from upstream where the backends differ
 
 
 def test_differing_draft_backend_splits_the_ranks_on_stock():
@@ -83,7 +91,8 @@ def test_patched_equals_upstream_rank_by_rank(restored, monkeypatch, target, dra
     outcomes = {o.id: o.status.value for o in restored.register()}
     assert outcomes["draft_token_counts"] == "applied", outcomes
     for counts in COUNTS:
-        assert release_rows(target, draft, counts) == oracle(target, draft, counts), counts
+        for gathered in GATHERED:
+            assert release_rows(target, draft, counts, gathered) == oracle(target, draft, counts, gathered), counts
 
 
 def test_only_the_draft_forward_reads_the_draft_counts_and_the_batch_is_restored(restored, monkeypatch):

@@ -31,16 +31,26 @@ from sglang_dp_mtp_fix.harness.standins import ModelRunnerStandIn, decode_tensor
 DUMMY_MODEL = os.path.join(os.path.dirname(__file__), "dummy_model")
 MAX_BS = 8  # the draft graph's largest captured batch size in these cases
 PAIRS = (("none", "none"), ("deepep", "deepep"), ("deepep", "none"), ("none", "deepep"))
-# Per-rank decode batch sizes of one round: an idle rank (0), one over MAX_BS, equal and uneven ranks.
-COUNTS = ((2, 12), (0, 5), (3, 0), (8, 8), (9, 1))
+# Per-rank decode batch sizes of one round: an idle rank (0), one over MAX_BS, equal and uneven ranks; 2 and 3 ranks.
+COUNTS = ((2, 12), (0, 5), (3, 0), (8, 8), (9, 1), (0, 5, 12), (12, 3, 8))
+# The gathered lists as the all-gather fills them, or None (SGLANG_SCHEDULER_SKIP_ALL_GATHER: nothing gathered).
+GATHERED = (True, False)
+
+
+def for_logprob(count: int) -> int:
+    """A rank's logprob count, deliberately not its token count (a swap of the two lists shows)."""
+    return max(count - 1, 0)
 
 
 class GatheredSyncInfoStandIn:
     """STAND-IN for an ``MLPSyncBatchInfo`` after ``all_gather`` (the gather needs the peer ranks)."""
 
-    def __init__(self, local: int, gathered: list[int]):
-        self.num_tokens = self.num_tokens_for_logprob = local
-        self.global_num_tokens = self.global_num_tokens_for_logprob = list(gathered)
+    def __init__(self, local: int, gathered: list[int] | None, logprob_differs: bool = False):
+        self.num_tokens, self.num_tokens_for_logprob = local, for_logprob(local) if logprob_differs else local
+        self.global_num_tokens = None if gathered is None else list(gathered)
+        self.global_num_tokens_for_logprob = None
+        if gathered is not None:
+            self.global_num_tokens_for_logprob = [for_logprob(c) if logprob_differs else c for c in gathered]
         self.tp0_info = self.tp0_info_cpu = None  # the gathered rows: the draft vote is not under test here
 
     def __getattr__(self, name: str) -> Any:
@@ -137,26 +147,39 @@ def _runner(draft_gather: bool) -> Any:
     return runner
 
 
+def _listed(value: Any) -> list[int] | None:
+    return None if value is None else list(value)
+
+
 def _row(view: Any, runner: Any) -> dict[str, Any]:
+    try:
+        can_run: bool | str = bool(runner.can_run_graph(view))
+    except Exception as exc:  # noqa: BLE001 - recorded: both sides must fail alike
+        can_run = type(exc).__name__
     return {
-        "global_num_tokens_cpu": list(view.global_num_tokens_cpu),
-        "global_num_tokens_for_logprob_cpu": list(view.global_num_tokens_for_logprob_cpu),
-        "original_global_num_tokens_cpu": list(view.original_global_num_tokens_cpu),
-        "can_run_graph": bool(runner.can_run_graph(view)),
+        "global_num_tokens_cpu": _listed(getattr(view, "global_num_tokens_cpu", None)),
+        "global_num_tokens_for_logprob_cpu": _listed(getattr(view, "global_num_tokens_for_logprob_cpu", None)),
+        "original_global_num_tokens_cpu": _listed(getattr(view, "original_global_num_tokens_cpu", None)),
+        "can_run_graph": can_run,
     }
 
 
-def oracle_rows(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[str, Any]]:
-    """0.5.23: each rank's draft ForwardBatch counts and draft-graph decision."""
+def _sync_info(local: int, counts: tuple[int, ...], gathered: bool) -> GatheredSyncInfoStandIn:
+    return GatheredSyncInfoStandIn(local, list(counts) if gathered else None, logprob_differs=True)
+
+
+def oracle_rows(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True) -> list[dict[str, Any]]:
+    """0.5.23: each rank's draft ForwardBatch counts and draft-graph decision (``gathered`` False: the gathered
+    lists are None, as under SGLANG_SCHEDULER_SKIP_ALL_GATHER)."""
     from sglang.srt.managers.scheduler_components.dp_attn import _update_gather_batch
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-    server_args(target, draft)
+    server_args(target, draft, world=len(counts))
     target_gather, draft_gather = _answers_0523()
     rows = []
     for local in counts:
         batch = SimpleNamespace(dp_spec_prefill_coordination_applied=False)  # STAND-IN: the fields the two read
-        _update_gather_batch(batch, GatheredSyncInfoStandIn(local, list(counts)), target_gather, draft_gather)
+        _update_gather_batch(batch, _sync_info(local, counts, gathered), target_gather, draft_gather)
         view = object.__new__(ForwardBatch)
         view.spec_info, view.batch_size = None, local
         view.init_mlp_sync_metadata(batch, "cpu", is_draft_worker=True)
@@ -164,7 +187,7 @@ def oracle_rows(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[s
     return rows
 
 
-def release_rows(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[str, Any]]:
+def release_rows(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True) -> list[dict[str, Any]]:
     """0.5.15.post1-0.5.20 (stock, or with the plugin applied): the same rows through ``ForwardBatch.init_new``."""
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.scheduler_components.dp_attn import _update_gather_batch
@@ -172,7 +195,7 @@ def release_rows(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    target_gather, draft_gather = gather_answers(server_args(target, draft))
+    target_gather, draft_gather = gather_answers(server_args(target, draft, world=len(counts)))
     algo = SpeculativeAlgorithm.from_string("EAGLE")
     kwargs = {}
     if "return_hidden_states_before_norm" in inspect.signature(inspect.unwrap(ForwardBatch.init_new)).parameters:
@@ -184,7 +207,7 @@ def release_rows(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[
         ]
         mode = ForwardMode.DECODE if local else ForwardMode.IDLE
         batch = ScheduleBatch(reqs=reqs, forward_mode=mode, spec_algorithm=algo)
-        _update_gather_batch(batch, GatheredSyncInfoStandIn(local, list(counts)), target_gather)
+        _update_gather_batch(batch, _sync_info(local, counts, gathered), target_gather)
         decode_tensors(batch)
         draft_model_runner = ModelRunnerStandIn(device="cpu", spec_algorithm=algo, is_draft_worker=True)
         view = ForwardBatch.init_new(batch, draft_model_runner, **kwargs)
