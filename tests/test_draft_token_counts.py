@@ -24,7 +24,7 @@ import pytest
 from support import affected_only
 
 from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, load_config
-from sglang_dp_mtp_fix.harness.draft_counts import COUNTS, PAIRS, gather_answers, release_rows, server_args
+from sglang_dp_mtp_fix.harness.draft_counts import COUNTS, GATHERED, PAIRS, gather_answers, release_rows, server_args
 from sglang_dp_mtp_fix.patches import PATCH_IDS
 from sglang_dp_mtp_fix.patches._startup_checks import draft_token_counts_hazard
 
@@ -44,14 +44,18 @@ def _ep_world(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forward_batch_info, "enable_num_token_non_padded", lambda: True)
 
 
-def oracle(target: str, draft: str, counts: tuple[int, ...]) -> list[dict[str, Any]]:
-    case = next(c for c in ORACLE["cases"] if (c["target"], c["draft"], tuple(c["counts"])) == (target, draft, counts))
+def oracle(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True) -> list[dict[str, Any]]:
+    key = (target, draft, counts, gathered)
+    case = next(c for c in ORACLE["cases"] if (c["target"], c["draft"], tuple(c["counts"]), c["gathered"]) == key)
     return list(case["ranks"])
 
 
 def test_the_oracle_is_upstreams_and_covers_every_case():
     assert ORACLE["sglang"] == "0.5.23" and "gen_draft_counts_oracle.py" in ORACLE["command"]
-    assert len(ORACLE["cases"]) == len(PAIRS) * len(COUNTS)
+    assert len(ORACLE["cases"]) == len(PAIRS) * len(COUNTS) * len(GATHERED)
+    assert {len(c["counts"]) for c in ORACLE["cases"]} == {2, 3}
+    assert any(r["global_num_tokens_cpu"] != r["global_num_tokens_for_logprob_cpu"] for c in ORACLE["cases"]
+               for r in c["ranks"])  # fmt: skip
 
 
 def test_differing_draft_backend_changes_the_gather_answer():
@@ -63,10 +67,14 @@ def test_differing_draft_backend_changes_the_gather_answer():
 
 def test_stock_matches_upstream_on_equal_backends_and_differs_where_they_differ():
     """The control: stock gives the draft the target's counts, so it is upstream's answer only where the two agree."""
+    differ = 0
     for target, draft in PAIRS:
         for counts in COUNTS:
-            same = release_rows(target, draft, counts) == oracle(target, draft, counts)
-            assert same is ((target, draft) not in DIFFERING), (target, draft, counts)
+            for gathered in GATHERED:
+                same = release_rows(target, draft, counts, gathered) == oracle(target, draft, counts, gathered)
+                assert same or (target, draft) in DIFFERING, (target, draft, counts, gathered)
+                differ += not same
+    assert differ > 0  # the control: stock differs from upstream where the backends differ
 
 
 def test_differing_draft_backend_splits_the_ranks_on_stock():
@@ -83,7 +91,8 @@ def test_patched_equals_upstream_rank_by_rank(restored, monkeypatch, target, dra
     outcomes = {o.id: o.status.value for o in restored.register()}
     assert outcomes["draft_token_counts"] == "applied", outcomes
     for counts in COUNTS:
-        assert release_rows(target, draft, counts) == oracle(target, draft, counts), counts
+        for gathered in GATHERED:
+            assert release_rows(target, draft, counts, gathered) == oracle(target, draft, counts, gathered), counts
 
 
 def test_only_the_draft_forward_reads_the_draft_counts_and_the_batch_is_restored(restored, monkeypatch):
@@ -190,3 +199,76 @@ def test_an_unreadable_draft_answer_leaves_the_group_stock_with_one_line(restore
     restored.register()
     with pytest.raises(restored.StartupHazard, match="draft_token_counts cannot start on this scheduler"):
         restored.check_startup_hazards(scheduler, restored.last_config)
+
+
+def test_the_draft_answer_is_read_each_round_and_nothing_stale_is_lent(restored, monkeypatch):
+    """deepep/none, then elastic EP scale-up (both answers True; a stand-in): the persistent running batch must not
+    keep the draft lists of the round before the change; the draft reads the target's gathered lists after it."""
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler_components import dp_attn
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from sglang_dp_mtp_fix.harness.draft_counts import GatheredSyncInfoStandIn, scale_up
+    from sglang_dp_mtp_fix.harness.standins import ModelRunnerStandIn, decode_tensors
+
+    monkeypatch.setenv(MODE_ENV, "auto")
+    server_args("deepep", "none")
+    restored.register()
+    reqs = [Req(f"r{i}", "", [1, 2, 3, 4], SamplingParams(max_new_tokens=8)) for i in range(2)]
+    batch = ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.DECODE)
+    dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 12]), False)
+    assert batch.draft_global_num_tokens == [2, 12]
+    scale_up(True)
+    try:
+        dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 5]), True)  # the same running batch
+        assert batch.draft_global_num_tokens is None and batch.draft_global_num_tokens_for_logprob is None
+        decode_tensors(batch)
+        view = ForwardBatch.init_new(batch, ModelRunnerStandIn(device="cpu", is_draft_worker=True), **_init_kwargs())
+        assert view.original_global_num_tokens_cpu == [2, 5]
+    finally:
+        scale_up(False)
+
+
+def test_multi_layer_eagle_keeps_the_target_counts_on_every_dp_rank(restored, monkeypatch):
+    """``--enable-multi-layer-eagle``, target none / draft deepep, eager draft-extend on DP ranks 0 and 1: its worker
+    runs the draft under the target's backend (which gathers), so it must read the target's gathered counts, as
+    stock does. Lending it the draft-backend ``[local]`` made rank 1 index past the list (``IndexError`` in
+    ``set_local_num_token_non_padded``, 0.5.20) where stock runs."""
+    from sglang_dp_mtp_fix.harness.draft_counts import multi_layer_draft_extend
+
+    pytest.importorskip("sglang.srt.speculative.eagle_worker_common", reason="0.5.15.post1 prepares it in the worker")
+    stock = [multi_layer_draft_extend("none", "deepep", (2, 5), rank) for rank in (0, 1)]
+    assert [r.get("error") for r in stock] == [None, None], stock
+    monkeypatch.setenv(MODE_ENV, "auto")
+    server_args("none", "deepep", multi_layer=True)
+    outcomes = {o.id: o.status.value for o in restored.register()}
+    assert outcomes["draft_token_counts"] == "applied", outcomes
+    patched = [multi_layer_draft_extend("none", "deepep", (2, 5), rank) for rank in (0, 1)]
+    assert patched == stock
+
+
+@pytest.mark.parametrize("target,draft", [("none", "none"), ("deepep", "deepep")])
+def test_equal_backends_lend_nothing_and_read_nothing_per_round(restored, monkeypatch, target, draft):
+    """Equal backends answer alike every round (the draft's context changes only the backend that
+    ``require_mlp_tp_gather`` reads): the draft counts are None each round, also over a stale list, and SGLang's
+    answer is not asked per round (the sync path's cost)."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.scheduler_components import dp_attn
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.utils import common
+
+    from sglang_dp_mtp_fix.harness.draft_counts import GatheredSyncInfoStandIn
+
+    monkeypatch.setenv(MODE_ENV, "auto")
+    server_args(target, draft)
+    restored.register()
+    batch = ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE)
+    dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 12]), target == "none")  # first round
+    asked = []
+    original = common.require_mlp_tp_gather
+    monkeypatch.setattr(common, "require_mlp_tp_gather", lambda *a, **k: asked.append(1) or original(*a, **k))
+    batch.draft_global_num_tokens = batch.draft_global_num_tokens_for_logprob = [7, 7]  # a stale list
+    dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 12]), target == "none")
+    assert batch.draft_global_num_tokens is None and batch.draft_global_num_tokens_for_logprob is None
+    assert asked == []

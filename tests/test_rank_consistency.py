@@ -124,3 +124,23 @@ def test_fast_profile_checks_the_same_property(pool):
     stock = run_property(pool, 100, seed=99, patched=False, collective=False)
     patched = run_property(pool, 100, seed=99, patched=True, collective=False)
     assert stock["violations"] > 0 and patched["violations"] == 0, (stock["first"], patched["first"])
+
+
+def test_elastic_scale_up_mid_run_never_splits_the_draft(pool):
+    """none/deepep: the target gathers, the draft does not, until elastic EP scale-up makes SGLang's
+    ``require_mlp_tp_gather`` answer True for both (0.5.20; a stand-in here). The rounds after it must bucket the
+    draft on the gathered counts on every rank: a draft answer read once would keep handing each rank ``[local]``
+    while its runner now gathers (bucket split)."""
+    trace = [SCENARIO["bucket"], SCENARIO["path"]]
+    configured = pool.configure(("none", "deepep"), patched=True)
+    assert {(c["target_gathers"], c["draft_gathers"]) for c in configured} == {(True, False)}
+    before = pool.run_trace(trace[:1])  # a rank above max_bs would go eager alone: by design while nothing gathers
+    after_answers = pool.scale_up()
+    assert {(a["target_gathers"], a["draft_gathers"]) for a in after_answers} == {(True, True)}
+    after = pool.run_trace(trace)
+    for i, results in enumerate(before + after):
+        assert check_round(results) is None, (i, check_round(results))
+    for i, results in enumerate(after):  # before it each rank buckets its own count (no gathered MoE)
+        assert all(r.collective == "ok" for r in results if r.ran), (i, [r.paths for r in results])
+    assert {r.draft_bucket for r in after[0] if r.ran} == {16}
+    assert all(r.global_num_tokens == [3, 12, 0, 0] for r in after[0] if r.ran)

@@ -20,9 +20,10 @@ COMMAND = "$(tools/mkvenv.sh 0.5.23 | tail -1)/bin/python tools/gen_draft_counts
 
 def generate() -> dict[str, object]:
     cases = [
-        {"target": t, "draft": d, "counts": list(c), "ranks": draft_counts.oracle_rows(t, d, c)}
+        {"target": t, "draft": d, "counts": list(c), "gathered": g, "ranks": draft_counts.oracle_rows(t, d, c, g)}
         for t, d in draft_counts.PAIRS
         for c in draft_counts.COUNTS
+        for g in draft_counts.GATHERED
     ]
     return {"sglang": version("sglang"), "command": COMMAND, "max_bs": draft_counts.MAX_BS, "cases": cases}
 

@@ -223,6 +223,11 @@ class RankPool:
         payload = {"backends": list(backends) if backends else None, "patched": patched, "env": env or {}}
         return self._send("configure", [payload] * self.world)
 
+    def scale_up(self, expanded: bool = True) -> list[dict[str, Any]]:
+        """Elastic EP scale-up on every rank between two rounds (a stand-in: ``draft_counts.scale_up``); the next
+        ``configure`` undoes it. Each rank answers with SGLang's (target, draft) ``require_mlp_tp_gather`` after."""
+        return self._send("scale_up", [expanded] * self.world)
+
     def close(self) -> None:
         for box in self._inboxes:
             try:

@@ -114,6 +114,7 @@ def configure(command: dict[str, Any]) -> dict[str, Any]:
     draft_token_counts' draft answer) or leaves SGLang stock."""
     from sglang_dp_mtp_fix.harness import draft_counts
 
+    draft_counts.scale_up(False)
     backends = command.get("backends")
     if backends:
         target, draft = backends
@@ -127,6 +128,17 @@ def configure(command: dict[str, Any]) -> dict[str, Any]:
     plugin("restore")
     statuses = plugin({"command": "apply", "env": command.get("env") or {}})["statuses"] if command["patched"] else {}
     return {"rank": CONTEXT.rank, "statuses": statuses, "target_gathers": answers[0], "draft_gathers": answers[1]}
+
+
+def scale_up(expanded: bool) -> dict[str, Any]:
+    """Elastic EP scale-up on this rank, mid-run (``draft_counts.scale_up``'s stand-in): SGLang's
+    ``require_mlp_tp_gather`` answers True from the next round on; the round re-reads both answers."""
+    from sglang_dp_mtp_fix.harness import draft_counts
+
+    draft_counts.scale_up(expanded)
+    CONTEXT.gather_answers = None
+    target, draft = gather_answers()
+    return {"rank": CONTEXT.rank, "target_gathers": target, "draft_gathers": draft}
 
 
 def run_rounds(states: list[dict[str, Any]], collective: bool = True) -> list[RoundResult]:
@@ -250,6 +262,7 @@ COMMANDS: dict[str, Handler] = {
     "decisions": lambda states: run_rounds(states, collective=False),  # fuzz --fast: no draft-step emulation
     "plugin": plugin,
     "configure": configure,
+    "scale_up": scale_up,
 }
 
 

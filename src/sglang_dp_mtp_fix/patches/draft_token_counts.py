@@ -6,14 +6,15 @@ Why:      ``--speculative-moe-a2a-backend`` can answer SGLang's ``require_mlp_tp
           its draft step from its own count while the draft's gathered MoE needs one size for all, and ranks split
           between draft graph and eager, or between buckets (#32182). The draft-graph vote cannot help: it votes
           on a path the counts have already split.
-How:      No collective: the MLP-sync gather already holds every rank's counts. Two seams, as upstream #32196:
-            * ``_update_gather_batch`` (on top of draft_graph_vote's wrapper): when the draft's answer differs from
-              the target's, keep the draft's counts on the batch (``draft_global_num_tokens(_for_logprob)``,
-              upstream's names): the gathered lists when the draft gathers, ``[local]`` when it does not;
-            * ``ForwardBatch.init_new`` for a draft model runner (``is_draft_worker``: draft decode, extend, idle):
-              the lists are lent to the batch for the call, restored exactly after; SGLang's own code reads them.
-          Target verify and the target forward are untouched. The draft's answer is read once at scheduler start
-          (unreadable: the group stays stock).
+How:      No collective: the MLP-sync gather holds every rank's counts. Two seams, as upstream #32196:
+            * ``_update_gather_batch`` (on the vote's wrapper): each round reads the draft's answer afresh (it can
+              change at run time: elastic EP scale-up) and always assigns ``draft_global_num_tokens(_for_logprob)``:
+              ``None`` where the answers agree, else the gathered lists (draft gathers) or ``[local]``;
+            * ``ForwardBatch.init_new`` for a draft model runner (``is_draft_worker``): the lists are lent to the
+              batch for the call, restored exactly after; SGLang's own code reads them.
+          Target forwards untouched. Scheduler start: the answer must be readable (else the group stays stock);
+          no draft, no DP attention, equal backends (equal answers every round) or a multi-layer EAGLE draft (it
+          runs under the target's backend): nothing read or lent per round.
 Releases: applied on 0.5.15.post1 – 0.5.20 (group dp_draft_vote: it stacks on the vote's two wrappers). Superseded
           from 0.5.21.
 Removable when: the oldest supported release carries upstream #32196 (0.5.21).
@@ -22,6 +23,7 @@ Removable when: the oldest supported release carries upstream #32196 (0.5.21).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from sglang_dp_mtp_fix.config import Config
@@ -50,18 +52,71 @@ SYNC_METADATA = Target(
 
 def draft_gathers(server_args: Any = None) -> bool:
     """The draft's ``require_mlp_tp_gather`` as the draft runner computes it (``server_args``: the scheduler's;
-    None: this process's published ones)."""
+    None: this process's published ones). SGLang's function is looked up on its module at each call."""
     from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
-    from sglang.srt.utils.common import require_mlp_tp_gather
+    from sglang.srt.utils import common
 
     with speculative_moe_a2a_backend_context():
-        if not takes_server_args(require_mlp_tp_gather):  # 0.5.18+ reads the published ServerArgs
-            return bool(require_mlp_tp_gather())
+        if not takes_server_args(common.require_mlp_tp_gather):  # 0.5.18+ reads the published ServerArgs
+            return bool(common.require_mlp_tp_gather())
         if server_args is None:
             from sglang.srt.server_args import get_global_server_args
 
             server_args = get_global_server_args()
-        return bool(require_mlp_tp_gather(server_args))
+        return bool(common.require_mlp_tp_gather(server_args))
+
+
+def draft_backend_differs() -> bool:
+    """Whether the draft's context installs another MoE a2a backend than the target's. Of the flags that context
+    changes, ``require_mlp_tp_gather`` reads only the backend (premises GATHER_ANSWER, DRAFT_CONTEXT): with equal
+    backends the two answers are equal every round, whatever else changes (elastic scale-up turns both alike), so
+    nothing need be read per round."""
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend, get_speculative_moe_a2a_backend
+
+    return bool(get_speculative_moe_a2a_backend() != get_moe_a2a_backend())
+
+
+def multi_layer_eagle(scheduler: Any = None) -> bool:
+    """Whether the draft is ``--enable-multi-layer-eagle``'s ``MultiLayerEagleWorkerV2``, which builds, captures and
+    runs its draft outside ``speculative_moe_a2a_backend_context``: its runner's ``require_mlp_tp_gather`` is the
+    target's answer. ``scheduler``: its spec worker and server args; None: this process's published config."""
+    worker = getattr(scheduler, "draft_worker", None)
+    if worker is not None and type(worker).__module__.endswith(".multi_layer_eagle_worker_v2"):
+        return True
+    try:  # 0.5.18+: the resolved config (a model's overrides can turn it on)
+        from sglang.srt.runtime_context import get_spec
+
+        return bool(get_spec().enable_multi_layer_eagle)
+    except (ImportError, AttributeError):
+        pass
+    server_args = getattr(scheduler, "server_args", None)
+    if server_args is None:
+        from sglang.srt.server_args import get_global_server_args
+
+        server_args = get_global_server_args()
+    return bool(getattr(server_args, "enable_multi_layer_eagle", False))
+
+
+def draft_answer_reader() -> Callable[[], bool]:
+    """``draft_gathers()`` for the per-round path: the signature question asked once, SGLang's function and the
+    published ServerArgs looked up at each call (both can be rebound at run time)."""
+    from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
+    from sglang.srt.utils import common
+
+    if not takes_server_args(common.require_mlp_tp_gather):
+
+        def read() -> bool:
+            with speculative_moe_a2a_backend_context():
+                return bool(common.require_mlp_tp_gather())
+
+        return read
+    from sglang.srt.server_args import get_global_server_args
+
+    def read_with_args() -> bool:
+        with speculative_moe_a2a_backend_context():
+            return bool(common.require_mlp_tp_gather(get_global_server_args()))
+
+    return read_with_args
 
 
 class DraftTokenCounts(Patch):
@@ -79,8 +134,9 @@ class DraftTokenCounts(Patch):
     )
 
     def __init__(self) -> None:
-        # The draft's require_mlp_tp_gather once known; None: this scheduler has no draft under DP attention.
-        self.answer: list[bool | None] = []
+        # Whether this scheduler's draft can answer require_mlp_tp_gather unlike its target, so that its answer is
+        # read each round (set at scheduler start; empty: not known yet).
+        self.sizes_draft: list[bool] = []
 
     def classify(self) -> None:
         classify_group()
@@ -88,23 +144,29 @@ class DraftTokenCounts(Patch):
     def at_scheduler_start(self, scheduler: Any) -> None:
         server_args = getattr(scheduler, "server_args", None)
         if getattr(scheduler, "draft_worker", None) is None or not getattr(server_args, "enable_dp_attention", False):
-            self.answer[:] = [None]  # nothing to size: no draft, or no DP ranks to agree with
+            self.sizes_draft[:] = [False]  # nothing to size: no draft, or no DP ranks to agree with
             return
-        self.answer[:] = [draft_gathers(server_args)]  # unreadable: raises, and the group stays stock here
+        if multi_layer_eagle(scheduler):
+            self.sizes_draft[:] = [False]  # its draft gathers as the target does: the target's counts are its own
+            return
+        draft_gathers(server_args)  # unreadable: raises, and the group stays stock here
+        self.sizes_draft[:] = [draft_backend_differs()]
 
     def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         update_batch = resolved[UPDATE_BATCH].raw
         forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
-        self.answer.clear()  # a fresh application (tests apply the plugin again under other ServerArgs)
-        answer = self.answer
+        self.sizes_draft.clear()  # a fresh application (tests apply the plugin again under other ServerArgs)
+        sizes_draft = self.sizes_draft
+        read_draft_answer = draft_answer_reader()
 
         def draft_answer() -> bool | None:
-            if not answer:  # no scheduler start in this process (the rank harness): its published ServerArgs
+            if not sizes_draft:  # no scheduler start in this process (the rank harness): its published ServerArgs
                 try:
-                    answer.append(draft_gathers())
+                    draft_gathers()
+                    sizes_draft.append(not multi_layer_eagle() and draft_backend_differs())
                 except Exception:  # noqa: BLE001 - no ServerArgs at all: not a scheduler, nothing to size
-                    answer.append(None)
-            return answer[0]
+                    sizes_draft.append(False)
+            return read_draft_answer() if sizes_draft[0] else None
 
         @functools.wraps(update_batch)
         def _update_gather_batch(
@@ -112,13 +174,14 @@ class DraftTokenCounts(Patch):
         ) -> Any:
             result = update_batch(batch, mlp_sync_info, require_mlp_tp_gather, *args, **kwargs)
             draft = draft_answer()
+            counts = for_logprob = None  # the answers agree: the draft reads the target's lists
             if draft is not None and draft != bool(require_mlp_tp_gather):
                 if draft:
                     counts = mlp_sync_info.global_num_tokens
                     for_logprob = mlp_sync_info.global_num_tokens_for_logprob
                 else:
                     counts, for_logprob = [mlp_sync_info.num_tokens], [mlp_sync_info.num_tokens_for_logprob]
-                batch.draft_global_num_tokens, batch.draft_global_num_tokens_for_logprob = counts, for_logprob
+            batch.draft_global_num_tokens, batch.draft_global_num_tokens_for_logprob = counts, for_logprob
             return result
 
         @functools.wraps(forward_init)
