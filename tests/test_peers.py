@@ -88,7 +88,7 @@ def ranks():
 
         def run(envs: dict[int, dict[str, str]] | None = None, fake_version: dict[int, str] | None = None) -> list:
             port = free_port()
-            timeout = load_scaled_timeout(3)
+            timeout = load_scaled_timeout(2, per_load_s=2)
             for r, box in enumerate(inboxes):
                 env = {"SGLANG_DP_MTP_FIX_PEER_TIMEOUT": str(timeout), **(envs or {}).get(r, {})}
                 box.put((port, env, (fake_version or {}).get(r)))

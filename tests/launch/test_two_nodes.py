@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.skipif(SGLANG_VERSION not in TWO_NODES, reason=f"d {runs_on(TWO_NODES)}"),
 ]
 
-PEER_TIMEOUT_S = load_scaled_timeout(5)  # the stopping scenarios wait it out: short, but not below the host's load
+PEER_TIMEOUT_S = load_scaled_timeout(5, per_load_s=2)  # the stopping scenarios wait it out: short, load-scaled
 NODE1_UP = "sglang::data_parallel_controller"  # node 1's launcher spawns it only after its port checks
 NODE1_UP_WITHIN_S = 180
 STOP_WITHIN_S = 240  # start-up (model load on 2 busy cores) + the peer timeout + SGLang's own tear-down
