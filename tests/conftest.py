@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from typing import Any
+
 import pytest
 from releases import SGLANG_VERSION
 from support import DSA_MODULES, MODEL_RUNNER, expected_status
@@ -23,7 +27,21 @@ def _import_dsa_modules() -> None:
             pass
 
 
+_SESSION_PID = os.getpid()
+
+
+def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (.ci/run's whole-run limit) ends the session like Ctrl-C: fixtures tear down, so the servers and rank
+    processes the tests started are stopped. A process forked from this one keeps the default action."""
+    if os.getpid() != _SESSION_PID:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     # The session's state, not an import side effect: pristine processes start without these modules.
     if SGLANG_VERSION is not None:
         _import_dsa_modules()

@@ -18,6 +18,15 @@ requires_sglang = pytest.mark.skipif(SGLANG_VERSION is None, reason="SGLang is n
 affected_only = pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason=f"SGLang {SGLANG_VERSION} is not patched")
 
 
+def load_scaled_timeout(base_s: float, per_load_s: float = 3.0, most_s: float = 60) -> int:
+    """A timeout for a wait whose length the test does not assert on (a peer that is up publishes within it): ``base_s``
+    plus ``per_load_s`` per unit of run-queue length per core (``os.getloadavg``), read when the test starts, at most
+    ``most_s`` (the harness waits 120 s for an answer). On two idle cores 2 s was enough and flaked under load; at the
+    load this host sees with other runs beside it (10-60) it grows to tens of seconds."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return int(min(base_s + per_load_s * load, most_s) + 0.5)
+
+
 def expected_status() -> str:
     if SGLANG_VERSION in AFFECTED:
         return "applied"

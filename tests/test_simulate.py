@@ -75,7 +75,9 @@ def test_bad_trace_is_a_clear_error(tmp_path):
     assert proc.returncode != 0 and "bad rank state" in proc.stderr + proc.stdout
 
 
-@pytest.mark.skipif(expected_status() != "applied" or SGLANG_VERSION != "0.5.20", reason="one affected release")
+@pytest.mark.skipif(
+    expected_status() != "applied" or SGLANG_VERSION != "0.5.20", reason=f"runs on 0.5.20 only, not on {SGLANG_VERSION}"
+)
 def test_unguarded_split_is_the_real_failure(tmp_path):
     """The stock split, issued for real: gloo aborts the eager-shaped rank; the patched arm never splits."""
     trace = tmp_path / "trace.jsonl"

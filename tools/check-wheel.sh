@@ -7,7 +7,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 V=${1:-0.5.20}
-TOOLS=${SGLANG_DP_MTP_FIX_VENVS:-$HOME/.cache/sglang-dp-mtp-fix/venvs}/tools-r2
+TOOLS=$(tools/mkvenv.sh tools)
 DIST=$(mktemp -d)
 RUN=$(mktemp -d)
 E=$(tools/mkvenv.sh "$V" | tail -1)

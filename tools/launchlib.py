@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -83,12 +81,50 @@ NO_PD = "no-pd"
 PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11, 12], [1, 20, 21], [1, 30, 31, 32, 33, 34]]
 NEW_TOKENS = 8
 
+STATS_EVERY = 2  # SGLANG_DP_MTP_FIX_STATS of the launches whose stats lines the tier reads
 REPORT_LINE = re.compile(r"^\[(?P<prefix>[^\]]*)\] (?P<line>sglang-dp-mtp-fix \d\S* on SGLang .*)$", re.M)
 RANK_PREFIX = re.compile(r" DP(\d+) TP(\d+)$")
 # Anything the plugin itself writes to a log: each of its lines starts "sglang-dp-mtp-fix " or "sglang-dp-mtp-fix:"
 # and a traceback through it names its package. A bare substring would also match a path such as the test venvs'
 # ~/.cache/sglang-dp-mtp-fix/venvs/... in SGLang's own warnings.
 PLUGIN_OUTPUT = re.compile(r"sglang-dp-mtp-fix[ :]|sglang_dp_mtp_fix")
+
+
+def read_report_lines(log: str) -> dict[str, list[str]]:
+    """Plugin report lines by process: 'main' or 'DPd TPt' (SGLang's scheduler log prefix)."""
+    by: dict[str, list[str]] = {}
+    for m in REPORT_LINE.finditer(log):
+        rank = RANK_PREFIX.search(m["prefix"])
+        by.setdefault(f"DP{rank[1]} TP{rank[2]}" if rank else "main", []).append(m["line"])
+    return by
+
+
+def read_report_files(report_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(report_dir.glob("sglang-dp-mtp-fix-*.json"))]
+
+
+SETTLE_QUIET_S = 1.5  # unchanged this long: settled
+SETTLE_TIMEOUT_S = float(os.environ.get("LAUNCH_SETTLE_TIMEOUT", "60"))
+
+
+def settle(read: Callable[[], Any], timeout: float = SETTLE_TIMEOUT_S) -> Any:
+    """Poll ``read()`` every 0.25 s until its value has not changed for SETTLE_QUIET_S (the last batch's log lines,
+    records or counters written), at most ``timeout`` s; returns the last value. Instead of a fixed sleep: on a loaded
+    host the last writes can come later than any fixed pause, and on an idle one they are there at once."""
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= SETTLE_QUIET_S:
+            break
+    return last
+
+
+# The counters of a /metrics page (SGLang's ``*_total`` and the plugin's): what ``Server.settled_metrics`` waits on.
+COUNTER_LINE = re.compile(r"^sglang:\S*_total\b.*$", re.M)
 
 
 def post_generate(port: int, body: dict, timeout: float = 120) -> dict:
@@ -102,27 +138,6 @@ def post_generate(port: int, body: dict, timeout: float = 120) -> dict:
         return json.loads(resp.read())
 
 
-def _ephemeral_port_range() -> tuple[int, int]:
-    try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999  # Linux's default
-    return low, high
-
-
-def _base_port_candidate(room: int) -> int:
-    """A random port ``p`` with ``p .. p + room`` outside the kernel's ephemeral range (``free_port_block`` checks
-    that they are free). A port from that range (what binding to port 0 returns) can be handed to any outgoing
-    connection as its local port in the half minute before SGLang binds it, and SGLang's bind then fails with
-    ``ZMQError: Address already in use`` although the port was free when it was picked."""
-    low, high = _ephemeral_port_range()
-    ranges = [(lo, hi) for lo, hi in ((10000, low - room), (high + 1, 65535 - room)) if hi > lo]
-    if not ranges:
-        raise RuntimeError(f"no port range outside the ephemeral ports {low}-{high} with room for +{room}")
-    rng = random.SystemRandom()
-    return rng.randrange(*rng.choice(ranges))
-
-
 # The ports SGLang derives, as offsets from the port it is given. From --port: the HTTP port and those above it, and,
 # with DP attention and no --dist-init-addr, its ZMQ ports from port + 233 (ZMQ_TCP_PORT_DELTA) up. From
 # --dist-init-addr: dist_init_port itself, port_base and the five above it (+1 .. +6), and the DP-attention
@@ -133,23 +148,11 @@ DIST_INIT_PORT_SPAN = tuple(range(14))
 
 
 def free_port_block(span: Sequence[int] = SERVER_PORT_SPAN, avoid: set[int] | None = None) -> int:
-    """A base port whose ``base + offset`` is free for every offset of ``span`` and not in ``avoid``; the ports
-    chosen are added to ``avoid`` (so two blocks of one test never overlap)."""
-    for _ in range(50):
-        base = _base_port_candidate(room=max(span))
-        ports = [base + offset for offset in span]
-        if avoid and avoid.intersection(ports):
-            continue
-        try:
-            for p in ports:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        if avoid is not None:
-            avoid.update(ports)
-        return base
-    raise RuntimeError("no free port block on 127.0.0.1")
+    """A base port whose ``base + offset`` is free for every offset of ``span`` and not in ``avoid`` (the allocator the
+    harness and the tests share: ``sglang_dp_mtp_fix.harness.ports``, outside the kernel's ephemeral range)."""
+    from sglang_dp_mtp_fix.harness.ports import port_block
+
+    return port_block(span, avoid)
 
 
 def gaps_pythonpath(tmp: Path) -> str:
@@ -194,6 +197,9 @@ class Server:
     @property
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -260,6 +266,18 @@ class Server:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=60) as resp:
             return resp.read().decode()
 
+    def settled_metrics(self) -> str:
+        """/metrics once its counters have stopped changing (``settle``): exact comparisons with the log lines and the
+        records read a page where every finished batch is counted."""
+        pages: list[str] = []
+
+        def counters() -> list[str]:
+            pages.append(self.scrape_metrics())
+            return COUNTER_LINE.findall(pages[-1])
+
+        settle(counters)
+        return pages[-1]
+
     def generate_all(self, prompts: list[list[int]] = PROMPTS) -> list[dict]:
         """Send every prompt at once (so both DP ranks get work); results in prompt order."""
         from concurrent.futures import ThreadPoolExecutor
@@ -318,15 +336,10 @@ class Launch:
         return self.server.log
 
     def report_lines(self) -> dict[str, list[str]]:
-        """Plugin report lines by process: 'main' or 'DPd TPt' (SGLang's scheduler log prefix)."""
-        by: dict[str, list[str]] = {}
-        for m in REPORT_LINE.finditer(self.log):
-            rank = RANK_PREFIX.search(m["prefix"])
-            by.setdefault(f"DP{rank[1]} TP{rank[2]}" if rank else "main", []).append(m["line"])
-        return by
+        return read_report_lines(self.log)
 
     def report_files(self) -> list[dict]:
-        return [json.loads(p.read_text()) for p in sorted(self.report_dir.glob("sglang-dp-mtp-fix-*.json"))]
+        return read_report_files(self.report_dir)
 
 
 # SGLang publishes its scheduler gauges (sglang:num_running_reqs, ...) only every --decode-log-interval decode batches
@@ -359,8 +372,8 @@ def serve(
         # Dummy weights are tiny (+-1e-3), so logits are near ties and a different batch mix can flip a greedy token;
         # requests one at a time give every launch the same batches.
         sequential = [server.generate(ids, 2000 + k) for k, ids in enumerate(PROMPTS)]
-        time.sleep(1.0)  # let the last batch's log lines flush
-        metrics_end = server.scrape_metrics() if metrics else None
+        settle(server.log_size)  # the last batch's log lines
+        metrics_end = server.settled_metrics() if metrics else None
         live = while_running(server) if while_running is not None else None
         timings[name] = round(time.monotonic() - t0, 1)
         return Launch(server, report_dir, outputs, sequential, metrics_ready, metrics_end, live)

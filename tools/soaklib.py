@@ -54,6 +54,11 @@ def force_env(rate: float, seed: int) -> dict[str, str]:
             "LAUNCH_VOTE_PROBE_FORCE_RID": FORCE_RID}  # fmt: skip
 
 
+def records_size(records: Path) -> int:
+    """How much the probe has written so far (``launchlib.settle`` waits for it to stop growing)."""
+    return sum(p.stat().st_size for p in records.glob("rank*.jsonl"))
+
+
 def read_records(records: Path) -> list[dict]:
     return [json.loads(line) for p in sorted(records.glob("rank*.jsonl")) for line in p.read_text().splitlines()]
 

@@ -4,7 +4,8 @@
 # The next release's venv builds in the background while the current release's tests run (one build at a time,
 # pip's cache shared across releases). Each release prints its venv build time, how long the tests waited for it,
 # its test time and its slowest tests; the closing lines give the whole run's time. After its tests, each release's
-# `doctor --json` is left in $OUT for tools/compat_table.py.
+# `doctor --json` is left in $OUT for tools/compat_table.py. Each release's passed count must reach its floor
+# (tests/releases.py PASS_FLOOR, read from the junit xml): a release below it fails the run, with the numbers.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -20,9 +21,13 @@ timings=()
 
 # Free space first: each release's venv takes ~2.6 GB. A full disk would otherwise show up as an ensurepip error in
 # the middle of the run, with the releases before it green.
-VENV_ROOT=${SGLANG_DP_MTP_FIX_VENVS:-$HOME/.cache/sglang-dp-mtp-fix/venvs}
+VENV_ROOT=$(tools/mkvenv.sh --root)
 mkdir -p "$VENV_ROOT"
 RECIPE_ID=$(tools/mkvenv.sh --recipe-id)
+# .ci/run's whole-run limit names the phase it stopped in; a SIGTERM (that limit) ends the run once pytest has stopped
+# what it started (tests/conftest.py turns SIGTERM into an interrupt).
+phase() { [[ -n ${SGLANG_DP_MTP_FIX_CI_PHASE:-} ]] && echo "test matrix: $*" > "$SGLANG_DP_MTP_FIX_CI_PHASE"; return 0; }
+trap 'echo "!!! test matrix stopped by a signal"; exit 143' TERM INT
 to_build=0
 for v in "${RELEASES[@]}"; do [[ -f "$VENV_ROOT/sglang-$v-$RECIPE_ID/.complete" ]] || to_build=$((to_build + 1)); done
 need_mb=$(( to_build * 2700 + 2000 ))
@@ -59,6 +64,7 @@ builder=$!
 for i in "${!RELEASES[@]}"; do
   V=${RELEASES[$i]}
   w0=$(date +%s)
+  phase "waiting for the SGLang $V venv's build"
   wait "$builder"
   waited=$(( $(date +%s) - w0 ))
   NEXT=${RELEASES[$((i + 1))]:-}
@@ -71,33 +77,55 @@ for i in "${!RELEASES[@]}"; do
   E=$(cat "$VLOG/$V.path")
   echo "=== SGLang $V: venv built in ${venv_s}s (the tests waited ${waited}s for it); running the tests"
   t0=$(date +%s)
+  phase "SGLang $V tests (pytest; the venv of the next release building beside it)"
   if ! "$E/bin/python" -m pytest tests -q -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning \
         --durations=8 --junitxml="$OUT/sglang-$V.xml" -o junit_suite_name="sglang-$V"; then
     failed+=("$V")
   fi
+  phase "SGLang $V doctor --json"
   doctor_json "$E" "$OUT/doctor-$V.json"
   test_s=$(( $(date +%s) - t0 ))
   echo "=== SGLang $V: tests done in ${test_s}s"
   timings+=("$V venv=${venv_s}s waited=${waited}s tests=${test_s}s")
 done
+phase "closing summary"
 wait
 echo "timings (each venv build overlaps the previous release's tests):"
 printf '  %s\n' "${timings[@]}"
-python3 - "$OUT" "$(( $(date +%s) - run_t0 ))" <<'PY'
+floors=0
+python3 - "$OUT" "$(( $(date +%s) - run_t0 ))" "${RELEASES[@]}" <<'PY' || floors=1
 import glob, sys, xml.etree.ElementTree as ET
+sys.path.insert(0, "tests")
+from releases import PASS_FLOOR
+out, wall, releases = sys.argv[1], sys.argv[2], sys.argv[3:]
 tot = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-print("\nrelease        passed failed skipped")
-for path in sorted(glob.glob(f"{sys.argv[1]}/sglang-*.xml")):
-    root = ET.parse(path).getroot()
+below = []
+print("\nrelease        passed failed skipped  floor")
+for rel in releases:
+    paths = glob.glob(f"{out}/sglang-{rel}.xml")
+    if not paths:
+        below.append(f"{rel}: no junit xml (its tests did not run)")
+        continue
+    root = ET.parse(paths[0]).getroot()
     suite = root if root.tag == "testsuite" else root[0]
     n = {k: int(suite.get(k, 0)) for k in tot}
     for k in tot: tot[k] += n[k]
-    rel = path.rsplit("sglang-", 1)[1][:-4]
-    print(f"{rel:<14} {n['tests']-n['failures']-n['errors']-n['skipped']:>6} {n['failures']+n['errors']:>6} {n['skipped']:>7}")
+    passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    floor = PASS_FLOOR.get(rel)
+    print(f"{rel:<14} {passed:>6} {n['failures']+n['errors']:>6} {n['skipped']:>7} {floor if floor is not None else '-':>6}")
+    if floor is None:
+        below.append(f"{rel}: no pass floor in tests/releases.py PASS_FLOOR")
+    elif passed < floor:
+        below.append(f"{rel}: {passed} passed, below its floor of {floor} ({floor - passed} fewer; "
+                     f"{n['skipped']} skipped, {n['failures'] + n['errors']} failed)")
 passed = tot["tests"] - tot["failures"] - tot["errors"] - tot["skipped"]
 bad = tot["failures"] + tot["errors"]
 parts = ([f"{bad} failed"] if bad else []) + [f"{passed} passed", f"{tot['skipped']} skipped"]
-print(f"whole test matrix, all releases, venv builds included: {sys.argv[2]}s")
-print(f"===== {', '.join(parts)} in {sys.argv[2]}s =====")
+print(f"whole test matrix, all releases, venv builds included: {wall}s")
+print(f"===== {', '.join(parts)} in {wall}s =====")
+if below:
+    print("!!! pass floor (tests/releases.py PASS_FLOOR):\n  " + "\n  ".join(below))
+    sys.exit(1)
 PY
+if (( floors )); then failed+=("pass-floor"); fi
 if (( ${#failed[@]} )); then echo "FAILED releases: ${failed[*]}"; exit 1; fi

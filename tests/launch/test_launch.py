@@ -1,10 +1,11 @@
 """Real single-host launches: a (patched launch), b (no harm), e (kill switch), f (stand down), g (counters), and the
 vote counters on SGLang's /metrics (#13).
 
-Launches shared by the scenarios: patched (a, g, metrics) and off (e, metrics absent) in the seed's shape, both with
-SGLang's --enable-metrics; b's three arms (patched, off, not
-selected) without PD decode (why: ``launchlib.NO_PD``). On releases where the plugin stands down (f) one launch. Each
-launch serves PROMPTS and is stopped before the assertions run."""
+Launches shared by the scenarios: patched (a, g, metrics, recorder) in the seed's shape with SGLang's --enable-metrics;
+the plugin-off half of e and metrics reads the plugin-off launch of c (``conftest.probe_off``: the same shape, plus the
+vote probe, which adds no metric and no report line); b's three arms (patched, off, not selected) without PD decode
+(why: ``launchlib.NO_PD``). On releases where the plugin stands down (f) one launch. Each launch serves its requests
+and is stopped before the assertions run. Where each runs: ``tests/releases.py``."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import os
 import re
 
 import pytest
-from launchlib import NEW_TOKENS, PLUGIN_OUTPUT, PROMPTS, base_env, serve
-from releases import AFFECTED, FULL, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION, STAND_DOWN
+from launchlib import NEW_TOKENS, PLUGIN_OUTPUT, PROMPTS, STATS_EVERY, base_env, serve
+from probe_launch import PHASES
+from releases import AFFECTED, LAUNCHES_HERE, NO_HARM, NOT_YET, PROBE, SGLANG_VERSION, STAND_DOWN, runs_on
 
 from sglang_dp_mtp_fix.patches import PATCH_IDS
 
@@ -26,12 +28,14 @@ pytestmark = [
         SGLANG_VERSION not in AFFECTED + STAND_DOWN, reason=f"no launch scenario on SGLang {SGLANG_VERSION}"
     ),
 ]
-full_only = pytest.mark.skipif(SGLANG_VERSION not in FULL, reason="b and e run on 0.5.15.post1, 0.5.17, 0.5.20")
+no_harm_only = pytest.mark.skipif(SGLANG_VERSION not in NO_HARM, reason=f"b {runs_on(NO_HARM)}")
+off_launch_only = pytest.mark.skipif(
+    SGLANG_VERSION not in PROBE, reason=f"e and metrics' off half read c's plugin-off launch, which {runs_on(PROBE)}"
+)
 affected_only = pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason="the plugin stands down here (f)")
-stand_down_only = pytest.mark.skipif(SGLANG_VERSION not in STAND_DOWN, reason="f runs on 0.5.23 and 0.5.15")
+stand_down_only = pytest.mark.skipif(SGLANG_VERSION not in STAND_DOWN, reason=f"f {runs_on(STAND_DOWN)}")
 
 RANKS = {"DP0 TP0", "DP1 TP1"}  # SGLang's scheduler log prefixes
-STATS_EVERY = 2
 STATS_LINE = re.compile(
     r"^\[[^\]]* DP(?P<dp>\d) TP\d\] sglang-dp-mtp-fix stats \(last (?P<n>\d+) decode batches\): "
     r"generic decode vote graph-eligible=(?P<gy>\d+) eager=(?P<gn>\d+); "
@@ -79,16 +83,10 @@ def recorder_rollcall(server) -> dict:
 
 
 @pytest.fixture(scope="module")
-def off(gaps_path, launch_tmp, launch_timings):
-    env = base_env(gaps_path, SGLANG_DP_MTP_FIX="off", SGLANG_DP_MTP_FIX_STATS=str(STATS_EVERY))
-    return serve("off", launch_tmp, env, launch_timings, metrics=True)
-
-
-@pytest.fixture(scope="module")
 def no_harm(gaps_path, launch_tmp, launch_timings):
     """b's three arms, same requests, one at a time (tokens must not depend on how requests share batches)."""
-    if SGLANG_VERSION not in FULL:
-        pytest.skip("b runs on 0.5.15.post1, 0.5.17, 0.5.20")
+    if SGLANG_VERSION not in NO_HARM:
+        pytest.skip(f"b {runs_on(NO_HARM)}")
     arms = {
         "patched": base_env(gaps_path),
         "off": base_env(gaps_path, SGLANG_DP_MTP_FIX="off"),
@@ -238,9 +236,10 @@ def test_metrics_patch_info_is_each_ranks_state_after_model_load(patched):
     assert got == want and len(want) == 2, (got, want)
 
 
-@full_only
-def test_metrics_absent_with_the_plugin_off_and_sglangs_unchanged(patched, off):
-    assert PLUGIN_METRIC not in off.metrics_end
+@off_launch_only
+def test_metrics_absent_with_the_plugin_off_and_sglangs_unchanged(patched, probe_off):
+    off = probe_off
+    assert off.metrics_end is not None and PLUGIN_METRIC not in off.metrics_end
     names = {arm: {s.name for s in samples(launch.metrics_end)} for arm, launch in (("patched", patched), ("off", off))}
     assert names["off"] == {n for n in names["patched"] if not n.startswith(PLUGIN_METRIC)}, names
     assert "sglang:num_running_reqs" in names["off"]
@@ -289,7 +288,7 @@ def test_transport_line_once_in_every_schedulers_log(patched):
 # --- b. no harm --------------------------------------------------------------------------------------------------
 
 
-@full_only
+@no_harm_only
 def test_b_token_identical_with_plugin_off_and_not_selected(no_harm):
     ids = {arm: [o["output_ids"] for o in launch.sequential] for arm, launch in no_harm.items()}
     assert len({str(v) for v in ids.values()}) == 1, ids
@@ -302,7 +301,7 @@ def test_b_token_identical_with_plugin_off_and_not_selected(no_harm):
     assert "(mode=off): SGLANG_DP_MTP_FIX=off here" in no_harm["off"].log
 
 
-@full_only
+@no_harm_only
 def test_b_not_selected_means_not_loaded(no_harm):
     # The matcher is live: it finds the plugin in the two arms that load it, so its silence below means something.
     assert all(PLUGIN_OUTPUT.search(no_harm[arm].log) for arm in ("patched", "off"))
@@ -314,13 +313,19 @@ def test_b_not_selected_means_not_loaded(no_harm):
 # --- e. kill switch for the whole launch -------------------------------------------------------------------------
 
 
-@full_only
-def test_e_off_leaves_sglang_stock_and_every_process_says_so(off):
+@off_launch_only
+def test_e_off_leaves_sglang_stock_and_every_process_says_so(probe_off):
+    off = probe_off
     lines = assert_one_line_per_process(off, "(mode=off): SGLANG_DP_MTP_FIX=off here, SGLang left fully stock: ")
     for line in lines.values():
         assert set(statuses(line).values()) == {"disabled"}, line
-    assert "cross-rank patch-state check" not in off.log and not STATS_LINE.search(off.log)  # nothing hooked
-    assert_served(off)
+    # nothing hooked: no check, and no stats line although the launch asks for them (SGLANG_DP_MTP_FIX_STATS)
+    assert "cross-rank patch-state check" not in off.log and not STATS_LINE.search(off.log)
+    # serves: every request of c's phases got exactly its tokens, from the DP rank it was routed to
+    for rid, rank, n in (req for phase in PHASES for req in phase):
+        meta = off.outputs[rid]["meta_info"]
+        assert meta["completion_tokens"] == len(off.outputs[rid]["output_ids"]) == n and meta["dp_rank"] == rank, meta
+    assert "Traceback" not in off.log, off.log[-4000:]
 
 
 # --- f. superseded / not affected --------------------------------------------------------------------------------

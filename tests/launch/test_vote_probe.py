@@ -6,10 +6,11 @@ eager draft; the probe lifts ``--disable-cuda-graph`` for the MLP-sync vote alon
 batch still runs eager) and records, per rank, per MLP-sync round, what each draft step's ForwardBatch carries.
 
 Two launches shared by the assertions: patched (the plugin on) and off (``SGLANG_DP_MTP_FIX=off``, the same probe, the
-control). Requests are routed to chosen DP ranks (``routed_dp_rank``) in three phases: both ranks busy with the chosen
-request on rank 0 among them (chosen rounds with both ranks decoding, then plain rounds once it is done), the chosen
-request alone on rank 0 (rank 1 idle: the #32209 case of an idle rank replaying the graph), a plain request alone on
-rank 1. Overlap scheduling: SGLang 0.5.20 turns it off for speculative decoding on CPU (asserted below).
+control; e and the metrics' plugin-off half read it too); how they are run: ``probe_launch.py``. Requests are routed
+to chosen DP ranks (``routed_dp_rank``) in three phases: both ranks busy with the chosen request on rank 0 among them
+(chosen rounds with both ranks decoding, then plain rounds once it is done), the chosen request alone on rank 0
+(rank 1 idle: the #32209 case of an idle rank replaying the graph), a plain request alone on rank 1.
+Overlap scheduling: SGLang 0.5.20 turns it off for speculative decoding on CPU (asserted below).
 
 The short soak (issue 24; ``bench/soak.py`` is the long one) reuses the patched launch on one release (SOAK_RELEASE):
 after c's phases, ``soaklib.drive`` sends ~SOAK_BATCHES decode batches per rank of mixed traffic with the probe
@@ -19,150 +20,42 @@ c's), and malformed requests; c's assertions read c's rounds only, the soak's ch
 from __future__ import annotations
 
 import json
-import os
-import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import soaklib
-from launchlib import METRICS, SHAPE, base_env, post_generate, start_server
-from releases import AFFECTED, FULL, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION
+from launchlib import SHAPE
+from probe_launch import (
+    CPU_NO_OVERLAP,
+    EAGER_RANK,
+    EAGER_RID,
+    PHASES,
+    SOAK_BATCHES,
+    SOAK_RELEASE,
+    ProbeLaunch,
+    probe_launch,
+)
+from releases import LAUNCHES_HERE, NOT_YET, PROBE, SGLANG_VERSION, runs_on
 
 pytestmark = [
     pytest.mark.skipif(
         SGLANG_VERSION not in LAUNCHES_HERE,
         reason=f"SGLang {SGLANG_VERSION} does not launch on CPU here yet: {NOT_YET.get(SGLANG_VERSION, 'not tried')}",
     ),
-    pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason="c needs the plugin applied (an affected release)"),
-    # The issue's coverage for c: the three distinct shapes of the vote path's code (0.5.16, 0.5.18 and 0.5.19 share
-    # 0.5.17's / 0.5.20's and run a and g); this also keeps CI inside its budget (~3 min per release).
-    pytest.mark.skipif(SGLANG_VERSION not in FULL, reason="c runs on 0.5.15.post1, 0.5.17 and 0.5.20"),
-    pytest.mark.skipif(
-        SGLANG_VERSION == "0.5.15.post1",
-        reason="c's probe does not yet observe 0.5.15.post1's draft step (prepare_for_draft is a method of "
-        "base_spec_worker.EagleDraftWorkerBase there, not the module function the probe re-points)",
-    ),
+    # The three distinct shapes of the vote path's code would be 0.5.15.post1's, 0.5.17's and 0.5.20's (0.5.16,
+    # 0.5.18 and 0.5.19 share the latter two and run a and g); 0.5.15.post1 does not launch here (above).
+    pytest.mark.skipif(SGLANG_VERSION not in PROBE, reason=f"c {runs_on(PROBE)}"),
 ]
-
-PLUGINS = "dp_mtp_fix,launch_cpu_gaps,launch_vote_probe"
-EAGER_RANK = 0
-EAGER_RID = "vote-probe-eager"
-# (rid, DP rank, new tokens): phases sent one after the other, the requests of a phase at once.
-PHASES = [
-    [("plain-0a", 0, 24), (f"{EAGER_RID}-0a", 0, 8), ("plain-1a", 1, 24), ("plain-1b", 1, 8)],
-    [(f"{EAGER_RID}-0b", 0, 6)],
-    [("plain-1c", 1, 6)],
-]
-CPU_NO_OVERLAP = "Overlap schedule is not implemented for speculative decoding on CPU."  # SGLang's own warning
-# The short soak: one release, in c's patched launch. ~200 decode batches per rank (LAUNCH_SOAK_BATCHES overrides), a
-# malformed request every 10 requests (each kind once by request 30: 200 batches took 62 requests, 60 took 34; at
-# every 25 or 15 the third kind did not come), forced rounds at 10 %, a fixed draw.
-SOAK_RELEASE = "0.5.20"
-SOAK_BATCHES = int(os.environ.get("LAUNCH_SOAK_BATCHES", "200"))
-SOAK_RATE, SOAK_SEED, SOAK_MALFORMED_EVERY = 0.1, 24, 10
-
-
-@pytest.fixture(scope="session")
-def probe_path(gaps_path, tmp_path_factory) -> str:
-    """The tier's stand-ins plus the probe (``soaklib.probe_pythonpath``)."""
-    return soaklib.probe_pythonpath(gaps_path, tmp_path_factory.mktemp("vote-probe") / "entry-point")
-
-
-@dataclass
-class ProbeLaunch:
-    log: str
-    outputs: dict[str, dict]  # rid -> /generate response
-    meta: dict[int, dict]  # rank -> the probe's meta line
-    drafts: list[dict]  # every draft-step record of both ranks in c's rounds
-    soak: tuple[dict, list[str]] | None = None  # the short soak's figures and failed checks (soaklib.analyse)
-
-    def by_round(self) -> dict[int, dict[int, dict]]:
-        """round -> rank -> that rank's draft-step record."""
-        out: dict[int, dict[int, dict]] = {}
-        for rec in self.drafts:
-            assert rec["rank"] not in out.get(rec["round"], {}), ("two draft steps in one round", rec)
-            out.setdefault(rec["round"], {})[rec["rank"]] = rec
-        return out
-
-    def chosen_rounds(self) -> set[int]:
-        """The rounds where the eager rank's worker needs a rank-consistent eager draft (what its hook says)."""
-        return {r["round"] for r in self.drafts if r["rank"] == EAGER_RANK and r["needs_eager"]}
-
-
-def _generate(port: int, rid: str, rank: int, room: int, max_new_tokens: int) -> dict:
-    body = {
-        "rid": rid,
-        "routed_dp_rank": rank,
-        # PD decode needs a bootstrap peer; "2.2.2.2" is SGLang's fake-transfer marker (never contacted). The room's
-        # parity names the same rank, should the router follow the room.
-        "bootstrap_host": "2.2.2.2",
-        "bootstrap_room": room,
-        "input_ids": [1, 5 + room % 50, 6, 7],
-        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
-    }
-    return post_generate(port, body, timeout=180)
-
-
-def _probe_launch(
-    name: str, tmp: Path, path: str, timings: dict, args: Sequence[str] = (), soak: bool = False, **extra: str
-) -> ProbeLaunch:
-    records = tmp / f"{name}-records"
-    records.mkdir()
-    probe = {"LAUNCH_VOTE_PROBE_DIR": str(records), "LAUNCH_VOTE_PROBE_EAGER_RANK": str(EAGER_RANK),
-             "LAUNCH_VOTE_PROBE_EAGER_RID": EAGER_RID}  # fmt: skip
-    if soak:
-        probe |= soaklib.force_env(SOAK_RATE, SOAK_SEED)
-        args = [*args, *METRICS]  # the soak compares the plugin's /metrics counters with the probe's counts
-    env = base_env(path, SGLANG_PLUGINS=PLUGINS, **probe, **extra)
-    server = start_server(name, tmp, env, args)
-    outputs: dict[str, dict] = {}
-    traffic, metrics_end = None, None
-    try:
-        t0 = time.monotonic()
-        if not server.wait_ready():
-            pytest.fail(f"{name}: server never became ready; log tail:\n{server.log[-4000:]}")
-        room = 4000
-        for phase in PHASES:
-            with ThreadPoolExecutor(len(phase)) as pool:
-                futures = {}
-                for rid, rank, n in phase:
-                    room += 2 - (room - rank) % 2  # room % 2 == rank
-                    futures[rid] = pool.submit(_generate, server.port, rid, rank, room, n)
-                outputs.update({rid: f.result() for rid, f in futures.items()})
-        time.sleep(1.0)  # the last records and log lines flush
-        timings[name] = round(time.monotonic() - t0, 1)
-        timings[f"{name}_ready"] = round(server.ready_s or 0, 1)
-        if soak:
-            pids = {r["rank"]: r["pid"] for r in soaklib.read_records(records) if r["kind"] == "meta"}
-            traffic = soaklib.drive(server.port, records, pids, SOAK_BATCHES, seed=SOAK_SEED,
-                                    malformed_every=SOAK_MALFORMED_EVERY, timeout=300, max_wall=900)  # fmt: skip
-            time.sleep(1.0)
-            metrics_end = server.scrape_metrics()
-            assert server.alive(), f"{name}: the server died during the soak; log tail:\n{server.log[-4000:]}"
-            timings[f"{name}_soak"] = traffic.wall_s
-    finally:
-        server.stop()
-        assert not server.group_alive(), f"{name}: processes left behind"
-    lines = soaklib.read_records(records)
-    meta = {rec["rank"]: rec for rec in lines if rec["kind"] == "meta"}
-    drafts = [rec for rec in lines if rec["kind"] == "draft"]
-    c_rids = {rid for phase in PHASES for rid, _, _ in phase}
-    c_last = max((rec["round"] for rec in drafts if c_rids.intersection(rec["rids"])), default=0)
-    analysis = soaklib.analyse(lines, traffic, True, metrics_end, after_round=c_last) if traffic else None
-    return ProbeLaunch(server.log, outputs, meta, [rec for rec in drafts if (rec["round"] or 0) <= c_last], analysis)
 
 
 @pytest.fixture(scope="module")
 def patched(probe_path, launch_tmp, launch_timings) -> ProbeLaunch:
-    return _probe_launch("c-patched", launch_tmp, probe_path, launch_timings, soak=SGLANG_VERSION == SOAK_RELEASE)
+    return probe_launch("c-patched", launch_tmp, probe_path, launch_timings, soak=SGLANG_VERSION == SOAK_RELEASE)
 
 
 @pytest.fixture(scope="module")
-def off(probe_path, launch_tmp, launch_timings) -> ProbeLaunch:
-    return _probe_launch("c-off", launch_tmp, probe_path, launch_timings, SGLANG_DP_MTP_FIX="off")
+def off(probe_off) -> ProbeLaunch:
+    """The plugin-off control: the launch e and the metrics' plugin-off half read too (``conftest.probe_off``)."""
+    return probe_off
 
 
 def would_be_graph(rec: dict) -> bool:
@@ -283,7 +176,7 @@ def test_c_overlap_scheduling_is_off_on_cpu_by_sglangs_own_rule(patched, off):
 
 # --- the short soak (issue 24), in the patched launch on SOAK_RELEASE ------------------------------------------------
 
-soak_only = pytest.mark.skipif(SGLANG_VERSION != SOAK_RELEASE, reason=f"the short soak runs on {SOAK_RELEASE} only")
+soak_only = pytest.mark.skipif(SGLANG_VERSION != SOAK_RELEASE, reason=f"the short soak {runs_on((SOAK_RELEASE,))}")
 
 
 @soak_only

@@ -26,7 +26,6 @@ STAND-INs (each one: what cannot run on a CPU-only box):
 from __future__ import annotations
 
 import inspect
-import socket
 from array import array
 from types import SimpleNamespace
 from typing import Any
@@ -37,6 +36,7 @@ from releases import AFFECTED, SGLANG_VERSION
 from support import requires_sglang
 
 from sglang_dp_mtp_fix.core import Resolved
+from sglang_dp_mtp_fix.harness.ports import free_port
 from sglang_dp_mtp_fix.patches import draft_local_rows as dlr
 
 pytestmark = requires_sglang
@@ -95,9 +95,7 @@ def dp_rank():
     sa = ServerArgs(model_path=str(DUMMY_MODEL), device="cpu", skip_tokenizer_init=True, load_format="dummy")
     harness_rank.publish_server_args(sa)
     if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         ps.init_distributed_environment(
             backend="gloo", world_size=1, rank=0, local_rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}"
         )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from sglang_dp_mtp_fix.harness.ports import free_port
 
 if TYPE_CHECKING:
     from sglang_dp_mtp_fix.harness.decode_round import RoundResult
@@ -63,12 +64,6 @@ class RankError(RuntimeError):
     pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank_main(
     rank: int, world: int, port: int, load_plugins: bool, inbox: Any, outbox: Any, env: dict[str, str]
 ) -> None:
@@ -109,7 +104,7 @@ class RankPool:
         self.world = world
         self.timeout = timeout
         ctx = pristine_context()
-        port = _free_port()
+        port = free_port()
         self._inboxes = [ctx.Queue() for _ in range(world)]
         self._outboxes = [ctx.Queue() for _ in range(world)]
         self._procs = [
