@@ -271,9 +271,12 @@ def test_recorder_files_of_both_ranks_while_running_and_rollcall_agrees_with_the
         assert rank["decode_or_idle_records"] == decode[str(rank["rank"])], (rank, decode)
         assert rank["entered_round"] >= rank["last_round"] >= rank["records"] > 15, rank
     assert data["answer"].startswith("all 2 ranks agreed up to round "), data["answer"]
-    # The files stay readable after the launch was stopped (SIGTERM, then SIGKILL to the group).
+    # The files stay readable after the launch was stopped (SIGTERM, then SIGKILL to the group): the same records and
+    # agreement, and the heartbeats read first name both ranks as stopped (dead), so the answer is exit 1, not "agree".
     after, code = __import__("sglang_dp_mtp_fix.recorder").recorder.rollcall([live["dir"]])
-    assert code == 0 and [r["records"] for r in after["ranks"]] == [r["records"] for r in data["ranks"]], after
+    assert [r["records"] for r in after["ranks"]] == [r["records"] for r in data["ranks"]], after
+    assert code == 1 and after["verdict"] == "stopped" and after["stopped_ranks"] == [0, 1], after
+    assert [r["process"] for r in after["ranks"]] == ["dead", "dead"] and "divergence" not in after, after
 
 
 @affected_only
