@@ -279,10 +279,12 @@ def multi_layer_draft_extend(target: str, draft: str, counts: tuple[int, ...], r
         )  # fmt: skip
         row: dict[str, Any] = {"global_num_tokens_cpu": list(view.global_num_tokens_cpu)}
         try:
-            if hasattr(view, "set_local_num_token_non_padded"):  # 0.5.18+
+            if hasattr(view, "set_local_num_token_non_padded"):  # 0.5.20
                 view.set_local_num_token_non_padded(sharded=False)
-            else:
+            elif inspect.signature(view.adjust_num_token_non_padded_for_attn_tp).parameters:  # <= 0.5.18
                 view.adjust_num_token_non_padded_for_attn_tp(sa)
+            else:  # 0.5.19 reads the parallel context instead of server_args
+                view.adjust_num_token_non_padded_for_attn_tp()
             row["num_token_non_padded"] = int(view.num_token_non_padded)
         except IndexError as exc:
             row["error"] = f"IndexError: {exc}"
