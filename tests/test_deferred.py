@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from releases import LOCAL_ROWS_AFFECTED, SGLANG_VERSION
+from releases import AFFECTED, LOCAL_ROWS_AFFECTED, SGLANG_VERSION
 from support import (
     DEFERRED,
     DSA_MODULES,
@@ -291,6 +291,9 @@ def _hook_fault_cases() -> list:
             for fault in FAULTS:
                 if not_applicable(target, fault) is None:
                     cases.append(pytest.param(patch.id, target.name, fault, id=f"{fault}-{target.name}"))
+    if not cases and SGLANG_VERSION not in AFFECTED:  # nothing is deferred where the plugin stands down; an affected
+        # release with no case still fails at collection (pyproject's empty_parameter_set_mark)
+        return [pytest.param(None, None, None, id="none", marks=pytest.mark.skip(reason="no deferred patch here"))]
     return cases
 
 
@@ -338,7 +341,7 @@ def test_fault_at_the_hook_leaves_that_patch_stock(patch_id, name, fault):
 
 
 def test_hook_fault_cases_cover_every_deferred_patch_applied_here():
-    assert {case.values[0] for case in _hook_fault_cases()} == DEFERRED_HERE
+    assert {case.values[0] for case in _hook_fault_cases() if case.values[0] is not None} == DEFERRED_HERE
     # Affected releases: both DSA patches; 0.5.16-0.5.18 also draft_local_rows. Elsewhere nothing is deferred.
     want = set(DEFERRED) | ({"draft_local_rows"} if SGLANG_VERSION in LOCAL_ROWS_AFFECTED else set())
     assert DEFERRED_HERE == (want if expected_status() == "applied" else set())
