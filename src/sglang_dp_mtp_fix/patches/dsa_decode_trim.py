@@ -61,14 +61,14 @@ def rows_only_metadata(backend: Any, metadata: Any, real: int) -> Any:
     lengths = getattr(metadata, PER_TOKEN_LENGTHS, None)
     if lengths is None or lengths.shape[0] <= real:
         return metadata
+    real_lengths = leading_rows(lengths, real)
     cut = copy.copy(metadata)
-    object.__setattr__(cut, PER_TOKEN_LENGTHS, lengths[:real])  # the metadata dataclass is frozen in some releases
+    object.__setattr__(cut, PER_TOKEN_LENGTHS, real_lengths)  # the metadata dataclass is frozen in some releases
     for name in PREFIX_SUMS:
-        sums = getattr(metadata, name, None)
-        if sums is not None and sums.shape[0] > real + 1:
-            object.__setattr__(cut, name, sums[: real + 1])
+        if hasattr(metadata, name):
+            object.__setattr__(cut, name, leading_rows(getattr(metadata, name), real + 1))
     if getattr(metadata, "flashmla_metadata", None) is not None:
-        plan = backend._compute_flashmla_metadata(cache_seqlens=lengths[:real], seq_len_q=1)
+        plan = backend._compute_flashmla_metadata(cache_seqlens=real_lengths, seq_len_q=1)
         object.__setattr__(cut, "flashmla_metadata", plan)
     return cut
 
