@@ -5,14 +5,17 @@
 #        tools/mkvenv.sh --recipe-id  -> prints the recipe id (tools/test-matrix.sh: which venvs exist already).
 #        tools/mkvenv.sh --root       -> prints this checkout's venv root.
 # Recipe: the torch 2.13.0 CPU wheel from local disk, sglang --no-deps, ~26 small deps pinned by that release's own
-# pins, a torchvision CPU stand-in via a .pth file. Build times: docs/development.md.
+# pins, a torchvision CPU stand-in via a .pth file. Installed by uv (pinned in the tools venv) from pip's own indexes
+# and find-links: uv hardlinks each wheel's files from one cache, so the matrix's eight venvs (2.5 GB each) unpack
+# torch and triton once, not eight times, on 2 cores. The plugin goes in editable with the venv's own pip.
+# Build times: docs/development.md.
 #
 # One venv root per checkout: the plugin is installed editable, so a venv tests the checkout that installed it last.
 # The default root is keyed by this checkout's path; a root (SGLANG_DP_MTP_FIX_VENVS) records its checkout in
 # .checkout and refuses any other, so two checkouts never test each other's code or delete each other's venvs.
 set -euo pipefail
-RECIPE_ID=r4   # bump when the recipe below changes: cached venvs are then rebuilt
-TOOLS_ID=tools-r3  # bump when the tools' pins below change
+RECIPE_ID=r5   # bump when the recipe below changes: cached venvs are then rebuilt
+TOOLS_ID=tools-r4  # bump when the tools' pins below change
 if [[ ${1:-} == --recipe-id ]]; then echo "$RECIPE_ID"; exit 0; fi
 V=${1:?usage: mkvenv.sh SGLANG_VERSION|tools|--root|--recipe-id}
 ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
@@ -28,6 +31,7 @@ if [[ $(cat "$OWNER") != "$ROOT" ]]; then
   exit 2
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CACHE_DIR=${PIP_CACHE_DIR:-$HOME/.cache/sglang-dp-mtp-fix/pip}
+export UV_CACHE_DIR=${UV_CACHE_DIR:-$HOME/.cache/sglang-dp-mtp-fix/uv} UV_NO_PROGRESS=1
 quiet() { grep -vE 'is ignored|requires|resolver|incompatible|^\s*$' || true; }
 exec 9> "$VENV_ROOT/.lock-$V"  # one build of a venv at a time (a second caller waits, then reuses it)
 flock 9
@@ -40,12 +44,12 @@ if [[ $V == tools ]]; then
   if [[ ! -f "$T/.complete" ]]; then
     rm -rf "$T"; python3 -m venv "$T"
     log=$(mktemp)
-    if ! "$T/bin/pip" install -q ruff==0.17.6 mypy==2.4.1 build==1.6.1 packaging==26.4 > "$log" 2>&1; then
+    if ! "$T/bin/pip" install -q ruff==0.17.6 mypy==2.4.1 build==1.6.1 packaging==26.4 uv==0.13.9 > "$log" 2>&1; then
       quiet < "$log" >&2; rm -f "$log"; echo "!!! the tools venv's pip install failed (above)" >&2; exit 1
     fi
     rm -f "$log"
     # complete only once every tool answers
-    { "$T/bin/ruff" --version && "$T/bin/mypy" --version && "$T/bin/python" -m build --version &&
+    { "$T/bin/ruff" --version && "$T/bin/mypy" --version && "$T/bin/python" -m build --version && "$T/bin/uv" --version &&
       "$T/bin/python" -c "import packaging; print('packaging', packaging.__version__)"; } >&2 ||
       { echo "!!! a tool of $T does not answer --version" >&2; exit 1; }
     touch "$T/.complete"
@@ -64,17 +68,26 @@ for stale in "$VENV_ROOT"/sglang-*-r[0-9]*; do
 done
 if [[ ! -f "$E/.complete" ]]; then
   rm -rf "$E"
+  UV="$("$0" tools | tail -1)/bin/uv"
+  # pip's index settings (pip.conf, PIP_*: find-links with the torch CPU wheel, local indexes) as uv flags, since uv
+  # reads neither; pip's rule across indexes (the best version from any of them) as uv's index strategy
+  read -ra SOURCES <<< "$(python3 -m pip config list 2>/dev/null |
+    sed -n "s/^[^.]*\.\(find-links\|extra-index-url\|index-url\)='\(.*\)'\$/\1 \2/p" |
+    while read -r key vals; do for v in $vals; do printf -- '--%s %s ' "$key" "$v"; done; done)"
+  uvi() { "$UV" pip install -q --python "$E/bin/python" --index-strategy unsafe-best-match ${SOURCES[@]+"${SOURCES[@]}"} "$@"; }
   python3 -m venv "$E"
-  "$E/bin/pip" install -q torch==2.13.0 packaging 2>&1 | quiet
-  "$E/bin/pip" install -q --no-deps "sglang==$V" 2>&1 | quiet
+  uvi torch==2.13.0 packaging
+  uvi --no-deps "sglang==$V"
   TORCH_PIN="torch==2.13.0" "$E/bin/python" "$ROOT/tools/sglang_constraints.py" > "$E/constraints.txt"
-  PIP_CONSTRAINT="$E/constraints.txt" "$E/bin/pip" install -q \
+  uvi -c "$E/constraints.txt" \
     numpy orjson psutil pybase64 requests triton pillow msgspec pyzmq tqdm ipython pydantic aiohttp \
     apache-tvm-ffi transformers dill sentencepiece einops compressed-tensors gguf openai partial-json-parser \
     setproctitle uvicorn fastapi xgrammar wrapt pytest pytest-mock \
-    uvloop prometheus-client python-multipart jsonschema soundfile 2>&1 | quiet
+    uvloop prometheus-client python-multipart jsonschema soundfile
   stubs
   "$E/bin/python" -c "import sglang, torch, wrapt, pytest" >/dev/null
+  [[ $("$E/bin/python" -c "import torch; print(torch.__version__)") == 2.13.0+cpu ]] ||
+    { echo "!!! $E: torch is not the 2.13.0 CPU build" >&2; exit 1; }
   touch "$E/.complete"
 fi
 stubs

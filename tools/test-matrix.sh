@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The whole test matrix: every supported SGLang release, real and unmodified, on CPU (one lean venv each).
 # Usage: tools/test-matrix.sh [RELEASE ...]     (default: all, tests/releases.py MATRIX; SGLANG_RELEASES="..." works too)
-# The next release's venv builds in the background while the current release's tests run (one build at a time,
-# pip's cache shared across releases). Each release prints its venv build time, how long the tests waited for it,
-# its test time and its slowest tests; the closing lines give the whole run's time. After its tests, each release's
-# `doctor --json` is left in $OUT for tools/compat_table.py. Each release's passed count must reach its floor
-# (tests/releases.py PASS_FLOOR, read from the junit xml): a release below it fails the run, with the numbers.
+# Two lanes run side by side, each over the releases in order, so both cores stay busy: the unit lane (everything but
+# tests/launch) and the launch lane (tests/launch, on the releases that launch here: tests/releases.py LAUNCHES_HERE).
+# They hand out ports from disjoint ranges (SGLANG_DP_MTP_FIX_PORTS), each pytest has its own --basetemp. The venvs
+# build one at a time ahead of both lanes (uv: tools/mkvenv.sh). Each lane prints its release's venv wait and test
+# time and its slowest tests; the closing lines give the whole run's time. After its unit tests, each release's
+# `doctor --json` is left in $OUT for tools/compat_table.py. Each release's passed count (both lanes' junit xml) must
+# reach its floor (tests/releases.py PASS_FLOOR): a release below it fails the run, with the numbers.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -17,20 +19,24 @@ VLOG="$OUT/venv-logs"
 mkdir -p "$OUT" "$VLOG"; rm -f "$OUT"/*.xml "$OUT"/doctor-*.json "$VLOG"/*
 run_t0=$(date +%s)
 failed=()
-timings=()
 
-# Free space first: each release's venv takes ~2.6 GB. A full disk would otherwise show up as an ensurepip error in
+# Free space first: the first venv takes ~2.6 GB in uv's cache, each further one ~0.2 GB (hardlinks, its sglang, .pyc). A full disk would otherwise show up as an ensurepip error in
 # the middle of the run, with the releases before it green.
 VENV_ROOT=$(tools/mkvenv.sh --root)
 mkdir -p "$VENV_ROOT"
 RECIPE_ID=$(tools/mkvenv.sh --recipe-id)
 # .ci/run's whole-run limit names the phase it stopped in; a SIGTERM (that limit) ends the run once pytest has stopped
 # what it started (tests/conftest.py turns SIGTERM into an interrupt).
-phase() { [[ -n ${SGLANG_DP_MTP_FIX_CI_PHASE:-} ]] && echo "test matrix: $*" > "$SGLANG_DP_MTP_FIX_CI_PHASE"; return 0; }
-trap 'echo "!!! test matrix stopped by a signal"; exit 143' TERM INT
+phase() {  # phase LANE WHAT: each lane's own line; the phase file holds all of them
+  [[ -n ${SGLANG_DP_MTP_FIX_CI_PHASE:-} ]] || return 0
+  echo "$2" > "$VLOG/phase-$1"
+  { echo "test matrix:"; for f in "$VLOG"/phase-*; do echo "  ${f##*/phase-}: $(cat "$f")"; done; } \
+    > "$SGLANG_DP_MTP_FIX_CI_PHASE.tmp.$1" && mv "$SGLANG_DP_MTP_FIX_CI_PHASE.tmp.$1" "$SGLANG_DP_MTP_FIX_CI_PHASE"
+  return 0
+}
 to_build=0
 for v in "${RELEASES[@]}"; do [[ -f "$VENV_ROOT/sglang-$v-$RECIPE_ID/.complete" ]] || to_build=$((to_build + 1)); done
-need_mb=$(( to_build * 2700 + 2000 ))
+need_mb=$(( to_build * 500 + 5000 ))
 free_mb=$(df -Pm "$VENV_ROOT" | awk 'NR == 2 {print $4}')
 echo "=== disk: ${free_mb} MB free at $VENV_ROOT; ${to_build} venv(s) to build need about ${need_mb} MB"
 if (( free_mb < need_mb )); then
@@ -59,56 +65,81 @@ doctor_json() {  # doctor --json of the venv $1 into $2, run as from an operator
   rm -f "$out.err"
 }
 
-build "${RELEASES[0]}" &
-builder=$!
-for i in "${!RELEASES[@]}"; do
-  V=${RELEASES[$i]}
-  w0=$(date +%s)
-  phase "waiting for the SGLang $V venv's build"
-  wait "$builder"
-  waited=$(( $(date +%s) - w0 ))
-  NEXT=${RELEASES[$((i + 1))]:-}
-  if [[ -n $NEXT ]]; then build "$NEXT" & builder=$!; fi
-  venv_s=$(cat "$VLOG/$V.secs" 2>/dev/null || echo "?")
-  if [[ ! -s "$VLOG/$V.path" ]]; then
-    echo "!!! SGLang $V: venv build failed after ${venv_s}s; its log ends:"; tail -25 "$VLOG/$V.log"
-    failed+=("$V(venv)"); timings+=("$V venv=FAILED"); continue
-  fi
-  E=$(cat "$VLOG/$V.path")
-  echo "=== SGLang $V: venv built in ${venv_s}s (the tests waited ${waited}s for it); running the tests"
-  t0=$(date +%s)
-  phase "SGLang $V tests (pytest; the venv of the next release building beside it)"
-  if ! "$E/bin/python" -m pytest tests -q -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning \
-        --durations=8 --junitxml="$OUT/sglang-$V.xml" -o junit_suite_name="sglang-$V"; then
-    failed+=("$V")
-  fi
-  phase "SGLang $V doctor --json"
-  doctor_json "$E" "$OUT/doctor-$V.json"
-  test_s=$(( $(date +%s) - t0 ))
-  echo "=== SGLang $V: tests done in ${test_s}s"
-  timings+=("$V venv=${venv_s}s waited=${waited}s tests=${test_s}s")
-done
-phase "closing summary"
+LAUNCHING=$(python3 -c 'import sys; sys.path.insert(0, "tests"); from releases import LAUNCHES_HERE; print(*LAUNCHES_HERE)')
+launches_here() { [[ " $LAUNCHING " == *" $1 "* ]]; }
+
+lane() {  # lane NAME PORTS RELEASE...: the lane's tests on each release in turn; its failures in $VLOG/failed-NAME
+  local name=$1 ports=$2 v e w0 waited t0 xml status; shift 2
+  local -a paths
+  for v in "$@"; do
+    w0=$(date +%s)
+    phase "$name" "waiting for the SGLang $v venv's build"
+    until [[ -f "$VLOG/$v.secs" ]]; do sleep 1; done
+    waited=$(( $(date +%s) - w0 ))
+    if [[ ! -s "$VLOG/$v.path" ]]; then
+      echo "!!! [$name] SGLang $v: venv build failed after $(cat "$VLOG/$v.secs")s; its log ends:"; tail -25 "$VLOG/$v.log"
+      echo "$v(venv)" >> "$VLOG/failed-$name"; continue
+    fi
+    e=$(cat "$VLOG/$v.path")
+    if [[ $name == launch ]]; then paths=(tests/launch); xml="$OUT/sglang-$v-launch.xml"
+    elif launches_here "$v"; then paths=(tests --ignore=tests/launch); xml="$OUT/sglang-$v.xml"
+    else paths=(tests); xml="$OUT/sglang-$v.xml"; fi  # no launch lane here: its skips (and why) are reported here
+    echo "=== [$name] SGLang $v: venv ready (waited ${waited}s); running ${paths[*]}"
+    t0=$(date +%s) status=ok
+    phase "$name" "SGLang $v: pytest ${paths[*]}"
+    if ! SGLANG_DP_MTP_FIX_PORTS=$ports "$e/bin/python" -m pytest "${paths[@]}" -q -p no:cacheprovider \
+          -W ignore::UserWarning -W ignore::DeprecationWarning --basetemp="$TMPS/$name-$v" --durations=8 \
+          --junitxml="$xml" -o junit_suite_name="sglang-$v-$name"; then
+      echo "$v" >> "$VLOG/failed-$name"; status=FAILED
+    fi
+    if [[ $name == unit ]]; then phase "$name" "SGLang $v doctor --json"; doctor_json "$e" "$OUT/doctor-$v.json"; fi
+    echo "$v $name: waited=${waited}s tests=$(( $(date +%s) - t0 ))s $status" >> "$VLOG/timings"
+    echo "=== [$name] SGLang $v: done in $(( $(date +%s) - t0 ))s ($status)"
+  done
+}
+
+TMPS=$(mktemp -d /tmp/sdmf-matrix.XXXXXX)
+# a signal (.ci/run's whole-run limit reaches the whole process group): the lanes' pytests turn it into an interrupt
+# and stop what they started (tests/conftest.py); wait for them, then end
+trap 'echo "!!! test matrix stopped by a signal"; wait; rm -rf "$TMPS"; exit 143' TERM INT
+( for v in "${RELEASES[@]}"; do phase builder "building the SGLang $v venv"; build "$v"; done ) &
+LAUNCH_RELEASES=()
+for v in "${RELEASES[@]}"; do launches_here "$v" && LAUNCH_RELEASES+=("$v"); done
+# Each lane's output goes to its own log, printed whole when the lane ends: interleaved lines would be unreadable.
+( lane unit 10000-20999 "${RELEASES[@]}" ) > "$VLOG/lane-unit.log" 2>&1 &
+unit_lane=$!
+( lane launch 21000-32767 ${LAUNCH_RELEASES[@]+"${LAUNCH_RELEASES[@]}"} ) > "$VLOG/lane-launch.log" 2>&1 &
+launch_lane=$!
+wait "$unit_lane"; echo "############ unit lane"; cat "$VLOG/lane-unit.log"
+wait "$launch_lane"; echo "############ launch lane"; cat "$VLOG/lane-launch.log"
+phase main "closing summary"
 wait
-echo "timings (each venv build overlaps the previous release's tests):"
-printf '  %s\n' "${timings[@]}"
+rm -rf "$TMPS"
+echo "timings (lanes side by side; venvs built ahead of them):"
+for v in "${RELEASES[@]}"; do echo "  $v venv=$(cat "$VLOG/$v.secs" 2>/dev/null || echo ?)s"; done
+sed 's/^/  /' "$VLOG/timings" 2>/dev/null
+for f in "$VLOG"/failed-*; do [[ -f $f ]] && failed+=($(cat "$f")); done
 floors=0
 python3 - "$OUT" "$(( $(date +%s) - run_t0 ))" "${RELEASES[@]}" <<'PY' || floors=1
 import glob, sys, xml.etree.ElementTree as ET
 sys.path.insert(0, "tests")
-from releases import PASS_FLOOR
+from releases import LAUNCHES_HERE, PASS_FLOOR
 out, wall, releases = sys.argv[1], sys.argv[2], sys.argv[3:]
 tot = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
 below = []
 print("\nrelease        passed failed skipped  floor")
 for rel in releases:
-    paths = glob.glob(f"{out}/sglang-{rel}.xml")
-    if not paths:
-        below.append(f"{rel}: no junit xml (its tests did not run)")
+    n = dict.fromkeys(tot, 0)
+    lanes = ("", "-launch") if rel in LAUNCHES_HERE else ("",)
+    missing = [f"sglang-{rel}{lane}.xml" for lane in lanes if not glob.glob(f"{out}/sglang-{rel}{lane}.xml")]
+    if missing:
+        below.append(f"{rel}: no junit xml {', '.join(missing)} (those tests did not run)")
         continue
-    root = ET.parse(paths[0]).getroot()
-    suite = root if root.tag == "testsuite" else root[0]
-    n = {k: int(suite.get(k, 0)) for k in tot}
+    for lane in lanes:
+        root = ET.parse(f"{out}/sglang-{rel}{lane}.xml").getroot()
+        suite = root if root.tag == "testsuite" else root[0]
+        for k in n:
+            n[k] += int(suite.get(k, 0))
     for k in tot: tot[k] += n[k]
     passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
     floor = PASS_FLOOR.get(rel)

@@ -18,6 +18,13 @@ done
 export PYTHONUNBUFFERED=1
 ROOT=$PWD; HERE=$ROOT/bench/gpu/server; G=${G:-.gpuserver}; [[ $G == /* ]] || G=$ROOT/$G; export G
 L=${OUT:-/tmp/out}; mkdir -p "$L"; T0=$(date +%s); el() { echo "[run +$(( $(date +%s) - T0 ))s] $*"; }
+# BASE=<folder>: a carry of one release (sg/, plugin/, model/, and dg/ or sk/ where its pins differ) borrows the
+# missing whl/, sk/, dg/ from a full carry left on the warm machine by an earlier call (64 MiB fit one full carry)
+if [[ -n ${BASE:-} ]]; then
+  [[ $BASE == /* ]] || BASE=$ROOT/$BASE
+  for d in whl sk dg; do [[ -e $G/$d || ! -d $BASE/$d ]] || ln -s "$BASE/$d" "$G/$d"; done
+fi
+[[ -d $G/whl && -d $G/sk ]] || { echo "no $G/whl or $G/sk, and no BASE carry (${BASE:-unset}) on this machine: carry a full folder"; exit 4; }
 DSA=0; [[ -d $G/dg ]] && DSA=1
 if (( DSA )); then
   NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null | head -1)

@@ -4,16 +4,19 @@ Binding port 0 and releasing it hands out a port from the kernel's ephemeral ran
 may take as its local port before the intended user binds it (seen: a launch's ``ZMQError: Address already in use``
 half a minute later, and a gloo store's bind). Ports here come from outside that range, so the kernel never hands
 them to anyone; each candidate is checked free by binding it; and one process never hands the same port out twice
-(a store's port in TIME_WAIT, two blocks of one test)."""
+(a store's port in TIME_WAIT, two blocks of one test). Processes that run side by side (the test matrix's two lanes)
+take disjoint ranges: ``SGLANG_DP_MTP_FIX_PORTS=LOW-HIGH`` keeps every port handed out here inside it."""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+PORTS_ENV = "SGLANG_DP_MTP_FIX_PORTS"
 _HANDED_OUT: set[int] = set()
 _LOCK = threading.Lock()
 
@@ -26,12 +29,30 @@ def _ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
+def _allowed() -> tuple[int, int]:
+    """The ports this process may hand out: ``SGLANG_DP_MTP_FIX_PORTS`` (``LOW-HIGH``), else 10000-65535."""
+    raw = os.environ.get(PORTS_ENV, "").strip()
+    if not raw:
+        return 10000, 65535
+    low, sep, high = raw.partition("-")
+    if not (sep and low.strip().isdigit() and high.strip().isdigit() and 1024 <= int(low) < int(high) <= 65535):
+        raise ValueError(f"{PORTS_ENV}={raw!r}: expected LOW-HIGH, two port numbers with 1024 <= LOW < HIGH <= 65535")
+    return int(low), int(high)
+
+
 def _candidate(room: int, rng: random.Random) -> int:
-    """A random port ``p`` with ``p .. p + room`` outside the kernel's ephemeral range."""
+    """A random port ``p`` with ``p .. p + room`` inside the allowed ports and outside the kernel's ephemeral range."""
     low, high = _ephemeral_range()
-    ranges = [(lo, hi) for lo, hi in ((10000, low - room), (high + 1, 65535 - room)) if hi > lo]
+    first, last = _allowed()
+    ranges = [
+        (max(lo, first), min(hi, last - room))
+        for lo, hi in ((10000, low - room), (high + 1, 65535 - room))
+        if min(hi, last - room) > max(lo, first)
+    ]
     if not ranges:
-        raise RuntimeError(f"no port range outside the ephemeral ports {low}-{high} with room for +{room}")
+        raise RuntimeError(
+            f"no port range inside {first}-{last} and outside the ephemeral ports {low}-{high} with room for +{room}"
+        )
     return rng.randrange(*rng.choice(ranges))
 
 
