@@ -65,7 +65,8 @@ nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
 H=${HOME#/}
 if (( DSA )); then  # a cached tvm-ffi .so loads without ninja (SGLang's load_jit); the build folders are not needed
   { (cd / && find "$H/.cache/tvm-ffi" -name '*.so' 2>/dev/null); [[ -d $DG_JIT_CACHE_DIR ]] && echo "${DG_JIT_CACHE_DIR#/}"
-    [[ -d $HOME/.triton/cache ]] && echo "$H/.triton/cache"; } > /tmp/jit-cache.list
+    [[ -d $HOME/.triton/cache ]] && echo "$H/.triton/cache"
+    [[ -d $HOME/.cache/sglang ]] && echo "$H/.cache/sglang"; } > /tmp/jit-cache.list  # 0.5.18+: SGLANG_CACHE_DIR
   tar czf /tmp/jit-cache.tgz -C / -T /tmp/jit-cache.list 2>/dev/null
 else
   tar czf /tmp/jit-cache.tgz -C / "$H/.cache/tvm-ffi" "$H/.triton/cache" 2>/dev/null
