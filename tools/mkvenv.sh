@@ -74,7 +74,10 @@ if [[ ! -f "$E/.complete" ]]; then
   read -ra SOURCES <<< "$(python3 -m pip config list 2>/dev/null |
     sed -n "s/^[^.]*\.\(find-links\|extra-index-url\|index-url\)='\(.*\)'\$/\1 \2/p" |
     while read -r key vals; do for v in $vals; do printf -- '--%s %s ' "$key" "$v"; done; done)"
-  uvi() { "$UV" pip install -q --python "$E/bin/python" --index-strategy unsafe-best-match ${SOURCES[@]+"${SOURCES[@]}"} "$@"; }
+  # --compile-bytecode: the .pyc written at install, as pip does; with PYTHONDONTWRITEBYTECODE set (as on these
+  # hosts) Python never writes them, and every process would compile each module it imports again
+  uvi() { "$UV" pip install -q --compile-bytecode --python "$E/bin/python" --index-strategy unsafe-best-match \
+    ${SOURCES[@]+"${SOURCES[@]}"} "$@"; }
   python3 -m venv "$E"
   uvi torch==2.13.0 packaging
   uvi --no-deps "sglang==$V"
@@ -86,17 +89,6 @@ if [[ ! -f "$E/.complete" ]]; then
     uvloop prometheus-client python-multipart jsonschema soundfile
   stubs
   "$E/bin/python" -c "import sglang, torch, wrapt, pytest" >/dev/null
-  # uv writes no .pyc: import what a scheduler, the launcher and the tests import once here, one process, so their
-  # .pyc exist before the test lanes start several fresh interpreters at once (each would compile them again)
-  "$E/bin/python" -W ignore - <<'PY' >/dev/null 2>&1 || true
-import importlib
-for name in ("sglang.srt.managers.scheduler", "sglang.srt.model_executor.model_runner", "sglang.launch_server",
-             "sglang.srt.layers.attention.dsa_backend", "sglang.srt.layers.attention.dsa.dsa_indexer"):
-    try:
-        importlib.import_module(name)
-    except Exception:  # noqa: BLE001 - a module a release lacks or cannot load on CPU: its tests say so
-        pass
-PY
   [[ $("$E/bin/python" -c "import torch; print(torch.__version__)") == 2.13.0+cpu ]] ||
     { echo "!!! $E: torch is not the 2.13.0 CPU build" >&2; exit 1; }
   touch "$E/.complete"
