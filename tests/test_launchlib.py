@@ -1,0 +1,39 @@
+"""The launch helpers' waits (``tools/launchlib.py``), without a server: what ``settled_metrics`` waits on."""
+
+from __future__ import annotations
+
+import time
+
+import launchlib
+
+PAGE = """\
+sglang:process_cpu_seconds_total{component="detokenizer"} %(cpu)s
+sglang:http_requests_total{endpoint="/metrics",method="GET"} %(scrapes)s
+sglang:http_responses_total{endpoint="/metrics",method="GET",status_code="200"} %(scrapes)s
+sglang:http_requests_total{endpoint="/generate",method="POST"} 8.0
+sglang:dp_mtp_fix_decode_batches_total{dp_rank="0"} %(batches)s
+sglang:num_running_reqs{dp_rank="0"} 0.0
+"""
+
+
+def test_counters_are_those_a_batch_moves():
+    lines = launchlib.COUNTER_LINE.findall(PAGE % {"cpu": 1.0, "scrapes": 3.0, "batches": 40.0})
+    assert lines == [
+        'sglang:http_requests_total{endpoint="/generate",method="POST"} 8.0',
+        'sglang:dp_mtp_fix_decode_batches_total{dp_rank="0"} 40.0',
+    ]
+
+
+def test_a_page_whose_batches_stopped_settles_although_each_scrape_counts_itself(monkeypatch):
+    scrapes = []
+
+    def scrape(self) -> str:  # every scrape moves the CPU and /metrics counters, as SGLang's page does
+        scrapes.append(1)
+        n = len(scrapes)
+        return PAGE % {"cpu": 0.01 * n, "scrapes": float(n), "batches": float(min(n, 3))}
+
+    monkeypatch.setattr(launchlib.Server, "scrape_metrics", scrape)
+    t0 = time.monotonic()
+    page = launchlib.Server.settled_metrics(object.__new__(launchlib.Server))
+    assert time.monotonic() - t0 < launchlib.SETTLE_QUIET_S + 5, "waited for counters that move on their own"
+    assert 'dp_mtp_fix_decode_batches_total{dp_rank="0"} 3.0' in page
