@@ -8,6 +8,7 @@ import launchlib
 
 PAGE = """\
 sglang:process_cpu_seconds_total{component="detokenizer"} %(cpu)s
+sglang:scheduler_idle_seconds_total{dp_rank="0"} %(cpu)s
 sglang:http_requests_total{endpoint="/metrics",method="GET"} %(scrapes)s
 sglang:http_responses_total{endpoint="/metrics",method="GET",status_code="200"} %(scrapes)s
 sglang:http_requests_total{endpoint="/generate",method="POST"} 8.0

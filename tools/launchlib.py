@@ -128,9 +128,10 @@ def settle(read: Callable[[], Any], timeout: float = SETTLE_TIMEOUT_S) -> Any:
 
 
 # The counters of a /metrics page (SGLang's ``*_total`` and the plugin's): what ``Server.settled_metrics`` waits on.
-# Not those that move with no batch at all: the processes' CPU seconds, and the HTTP counters of /metrics itself (each
-# scrape counts one). With them the page never settled, and every wait ran its full timeout (60 s, measured).
-COUNTER_LINE = re.compile(r'^sglang:(?!process_)\S*_total\b(?!.*endpoint="/metrics").*$', re.M)
+# Not those that move with no batch at all: clock and CPU time (``process_cpu_seconds_total``, 0.5.20's
+# ``scheduler_idle_seconds_total``, any ``*_seconds_total``), and the HTTP counters of /metrics itself (each scrape
+# counts one). With them the page never settled, and every wait ran its full timeout (60 s, measured).
+COUNTER_LINE = re.compile(r'^sglang:(?!process_)(?!\S*_seconds_total\b)\S*_total\b(?!.*endpoint="/metrics").*$', re.M)
 
 
 def post_generate(port: int, body: dict, timeout: float = 120) -> dict:
