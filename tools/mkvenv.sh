@@ -74,8 +74,8 @@ if [[ ! -f "$E/.complete" ]]; then
   read -ra SOURCES <<< "$(python3 -m pip config list 2>/dev/null |
     sed -n "s/^[^.]*\.\(find-links\|extra-index-url\|index-url\)='\(.*\)'\$/\1 \2/p" |
     while read -r key vals; do for v in $vals; do printf -- '--%s %s ' "$key" "$v"; done; done)"
-  # --compile-bytecode: the .pyc written at install, as pip does; with PYTHONDONTWRITEBYTECODE set (as on these
-  # hosts) Python never writes them, and every process would compile each module it imports again
+  # --compile-bytecode: the .pyc written at install, as pip does; with PYTHONDONTWRITEBYTECODE set (as in this host's
+  # shell) Python never writes them, and every process would compile each module it imports again
   uvi() { "$UV" pip install -q --compile-bytecode --python "$E/bin/python" --index-strategy unsafe-best-match \
     ${SOURCES[@]+"${SOURCES[@]}"} "$@"; }
   python3 -m venv "$E"
