@@ -336,24 +336,19 @@ SPINNING_LOOPS = ("sglang::data_parallel_controller",)
 
 
 def _yield_spinning_loops(proc: subprocess.Popen, poll_s: float = 0.5, limit_s: float = READY_TIMEOUT_S) -> None:
-    """Lower the spinning loop of ``proc``'s process group to nice 19 as soon as it appears."""
-    done: set[int] = set()
+    """Lower the spinning loop of ``proc``'s process group (one DP controller per launch) to nice 19 once it appears."""
     deadline = time.monotonic() + limit_s
     while proc.poll() is None and time.monotonic() < deadline:
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
-                pid = int(stat.parent.name)
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-                if pid in done or int(fields[2]) != proc.pid:  # fields[2]: the process group
+                if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != proc.pid:  # field 5: the process group
                     continue
                 title = (stat.parent / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
                 if title.startswith(SPINNING_LOOPS):
-                    os.setpriority(os.PRIO_PROCESS, pid, 19)
-                    done.add(pid)
+                    os.setpriority(os.PRIO_PROCESS, int(stat.parent.name), 19)
+                    return
             except (OSError, ValueError, IndexError):
                 continue  # gone in between, or not ours
-        if done:  # one DP controller per launch
-            return
         time.sleep(poll_s)
 
 

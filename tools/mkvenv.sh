@@ -49,7 +49,8 @@ if [[ $V == tools ]]; then
     fi
     rm -f "$log"
     # complete only once every tool answers
-    { "$T/bin/ruff" --version && "$T/bin/mypy" --version && "$T/bin/python" -m build --version && "$T/bin/uv" --version &&
+    { "$T/bin/ruff" --version && "$T/bin/mypy" --version && "$T/bin/python" -m build --version &&
+      "$T/bin/uv" --version &&
       "$T/bin/python" -c "import packaging; print('packaging', packaging.__version__)"; } >&2 ||
       { echo "!!! a tool of $T does not answer --version" >&2; exit 1; }
     touch "$T/.complete"

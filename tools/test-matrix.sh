@@ -20,8 +20,9 @@ mkdir -p "$OUT" "$VLOG"; rm -f "$OUT"/*.xml "$OUT"/doctor-*.json "$VLOG"/*
 run_t0=$(date +%s)
 failed=()
 
-# Free space first: the first venv takes ~2.6 GB in uv's cache, each further one ~0.2 GB (hardlinks, its sglang, .pyc). A full disk would otherwise show up as an ensurepip error in
-# the middle of the run, with the releases before it green.
+# Free space first: the first venv takes ~2.6 GB in uv's cache, each further one ~0.2 GB (hardlinks, its sglang,
+# .pyc). A full disk would otherwise show up as an ensurepip error in the middle of the run, with the releases before
+# it green.
 VENV_ROOT=$(tools/mkvenv.sh --root)
 mkdir -p "$VENV_ROOT"
 RECIPE_ID=$(tools/mkvenv.sh --recipe-id)
@@ -65,7 +66,7 @@ doctor_json() {  # doctor --json of the venv $1 into $2, run as from an operator
   rm -f "$out.err"
 }
 
-LAUNCHING=$(python3 -c 'import sys; sys.path.insert(0, "tests"); from releases import LAUNCHES_HERE; print(*LAUNCHES_HERE)')
+LAUNCHING=$(python3 -c 'import sys; sys.path.insert(0, "tests"); from releases import LAUNCHES_HERE as L; print(*L)')
 launches_here() { [[ " $LAUNCHING " == *" $1 "* ]]; }
 
 lane() {  # lane NAME PORTS RELEASE...: the lane's tests on each release in turn; its failures in $VLOG/failed-NAME
@@ -77,7 +78,8 @@ lane() {  # lane NAME PORTS RELEASE...: the lane's tests on each release in turn
     until [[ -f "$VLOG/$v.secs" ]]; do sleep 1; done
     waited=$(( $(date +%s) - w0 ))
     if [[ ! -s "$VLOG/$v.path" ]]; then
-      echo "!!! [$name] SGLang $v: venv build failed after $(cat "$VLOG/$v.secs")s; its log ends:"; tail -25 "$VLOG/$v.log"
+      echo "!!! [$name] SGLang $v: venv build failed after $(cat "$VLOG/$v.secs")s; its log ends:"
+      tail -25 "$VLOG/$v.log"
       echo "$v(venv)" >> "$VLOG/failed-$name"; continue
     fi
     e=$(cat "$VLOG/$v.path")
