@@ -25,6 +25,7 @@ DRIVE_CPU=1 runs the driver against CPU launches (the launch tier's stand-ins) t
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -73,6 +74,12 @@ def attention_flags(tier: str, kv: str = DSA_KV) -> list[str]:
             "--dsa-prefill-backend", backend, "--dsa-decode-backend", backend, "--page-size", "64"]  # fmt: skip
 
 
+def release_has_flag(flag: str) -> bool:
+    """0.5.15.post1 has no --mm-feature-transport; later releases need it set to cpu here."""
+    spec = importlib.util.find_spec("sglang.srt.server_args")
+    return spec is not None and spec.origin is not None and flag in open(spec.origin).read()
+
+
 if CPU:
     BASE = ["--model-path", MODEL, "--load-format", "dummy", "--host", "127.0.0.1", "--device", "cpu",
             "--disable-cuda-graph", "--max-total-tokens", "2048", "--random-seed", "1"]  # fmt: skip
@@ -83,8 +90,8 @@ else:
         "--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion",
         "--mem-fraction-static", "0.25", "--max-total-tokens", "16384", "--max-running-requests", "16",
         "--cuda-graph-max-bs-decode", "16", "--disable-prefill-cuda-graph", "--decode-log-interval", "10",
-        "--mm-feature-transport", "cpu", "--random-seed", "1",
-    ]  # fmt: skip
+        "--random-seed", "1",
+    ] + (["--mm-feature-transport", "cpu"] if release_has_flag("--mm-feature-transport") else [])  # fmt: skip
 MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
        "--speculative-num-draft-tokens", "3"]  # fmt: skip
 PD = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake"]

@@ -51,6 +51,8 @@ for V in $RELEASES; do
   unzip_to "$G/sg/sglang-$V-trimmed.zip" /tmp/sg
   export PYTHONPATH=/tmp/sg:/tmp/site:/tmp/sk:$HERE/stubs:$ROOT/bench/gpu/stubs SGLANG_RELEASE=$V
   (( DSA )) && export PYTHONPATH=/tmp/sg:/tmp/site:/tmp/sk:$HERE/stubs  # the real deep_gemm, not the stand-in
+  # 0.5.15.post1 imports its SM100-only CuTe DSL kernel eagerly; its package does not fit the carry (stubs_sm100/)
+  (( DSA )) && [[ $V == 0.5.15.post1 ]] && ! python3 -c 'import cutlass' 2>/dev/null && export PYTHONPATH=$PYTHONPATH:$HERE/stubs_sm100
   el "sglang $V: $(python3 -c 'import sglang, sglang_dp_mtp_fix as p; print(sglang.__version__, "plugin", p.__version__)' 2>&1 | tail -1)"
   if (( DSA )) && [[ ${PREFLIGHT:-1} == 1 ]]; then
     timeout "${PREFLIGHT_TIMEOUT_S:-180}" python3 "$HERE/preflight_dsa.py" > "$L/preflight-$V.jsonl" 2> /tmp/preflight.err
