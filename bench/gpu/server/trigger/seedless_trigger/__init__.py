@@ -119,7 +119,9 @@ def _observe(scheduler: Any, records: str) -> None:
     if os.environ.get("SEEDLESS_TRIGGER_DSA") == "1":
         _observe_dsa()
 
-    prepare = eagle_worker_v2.__dict__["prepare_for_draft"]
+    # 0.5.16+: a module function that EagleDraftWorker.draft calls by name; 0.5.15.post1: a method of the draft worker
+    module_level = "prepare_for_draft" in eagle_worker_v2.__dict__
+    prepare = eagle_worker_v2.__dict__["prepare_for_draft"] if module_level else worker.prepare_for_draft
 
     @functools.wraps(prepare)
     def prepare_for_draft(draft_input: Any, pool: Any, batch: Any, runner: Any, *rest: Any, **kw: Any) -> Any:
@@ -130,7 +132,10 @@ def _observe(scheduler: Any, records: str) -> None:
             _write({"kind": "observer-error", "rank": _state["rank"], "error": repr(exc)})
         return forward_batch, can_run
 
-    eagle_worker_v2.prepare_for_draft = prepare_for_draft
+    if module_level:
+        eagle_worker_v2.prepare_for_draft = prepare_for_draft
+    else:
+        worker.prepare_for_draft = prepare_for_draft
 
 
 def _create_torch_communicators(rank: int) -> None:
