@@ -21,6 +21,7 @@ from launchlib import base_env, post_generate, start_server
 from releases import AFFECTED, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION
 
 from sglang_dp_mtp_fix import rollcall
+from sglang_dp_mtp_fix.recfile import HEARTBEAT_PERIOD_S, HEARTBEAT_STALE_S
 
 STALL_RELEASES = ("0.5.20",)
 pytestmark = [
@@ -36,7 +37,9 @@ pytestmark = [
     ),
 ]
 
-STALL_S = 5
+# The stall line names a peer as stale once its heartbeat is older than HEARTBEAT_STALE_S: with STALL_S equal to it,
+# a peer that beat just before its SIGSTOP can still read as live when the line comes. Three heartbeat periods later.
+STALL_S = int(HEARTBEAT_STALE_S + 3 * HEARTBEAT_PERIOD_S)
 STOPPED_RANK, LIVE_RANK = 1, 0
 STALL_LINE = re.compile(rf"sglang-dp-mtp-fix: stall: (?P<fields>dp_rank={LIVE_RANK} [^\n]*)")
 RECOVERY_LINE = re.compile(rf"sglang-dp-mtp-fix: stall over: (?P<fields>dp_rank={LIVE_RANK} [^\n]*)")
