@@ -120,8 +120,8 @@ def _observe(scheduler: Any, records: str) -> None:
         _observe_dsa()
 
     # 0.5.16+: a module function that EagleDraftWorker.draft calls by name; 0.5.15.post1: a method of the draft worker
-    module_level = "prepare_for_draft" in eagle_worker_v2.__dict__
-    prepare = eagle_worker_v2.__dict__["prepare_for_draft"] if module_level else worker.prepare_for_draft
+    owner = eagle_worker_v2 if "prepare_for_draft" in eagle_worker_v2.__dict__ else worker
+    prepare = owner.prepare_for_draft
 
     @functools.wraps(prepare)
     def prepare_for_draft(draft_input: Any, pool: Any, batch: Any, runner: Any, *rest: Any, **kw: Any) -> Any:
@@ -132,10 +132,7 @@ def _observe(scheduler: Any, records: str) -> None:
             _write({"kind": "observer-error", "rank": _state["rank"], "error": repr(exc)})
         return forward_batch, can_run
 
-    if module_level:
-        eagle_worker_v2.prepare_for_draft = prepare_for_draft
-    else:
-        worker.prepare_for_draft = prepare_for_draft
+    owner.prepare_for_draft = prepare_for_draft
 
 
 def _create_torch_communicators(rank: int) -> None:
