@@ -14,8 +14,9 @@ Stages:
         HANG_SETS (default "first steady"): "first" = the split is the group's first eager collective (torch's NCCL
         communicator does not exist yet); "steady" = SEEDLESS_TRIGGER_INIT_COMMS=1 creates it at start-up, so the
         split leaves the two ranks in two existing communicators. All servers start side by side; then per set the
-        patched arm is triggered, then the stock arm, which gets HANG_WAIT_S (60) and, while still pending, the
-        evidence (records, faulthandler, py-spy, log tails, watchdog lines), then SIGKILL before the next arm.
+        patched arm is triggered, then the stock arm (HANG_ARMS: which arms, in which order), which gets
+        HANG_WAIT_S (60) and, while still pending, the evidence (records, faulthandler, py-spy, log tails, watchdog
+        lines), then SIGKILL before the next arm.
   ab    Decode cost, plugin applied (A) vs SGLANG_DP_MTP_FIX=off (B), no trigger, plus T: the same flags with
         ``--tp 1`` (no DP, no NCCL): the share of the two-node transport. Up side by side, measured one at a time in
         rounds A B T B A T A B T ... (AB_ROUNDS rounds of A and of B).
@@ -454,7 +455,11 @@ def stuck_evidence(s: Server, records: str) -> dict[str, Any]:
 
 def stage_hang() -> None:
     sets = os.environ.get("HANG_SETS", "first steady").split()
-    arms = [(st, arm) for st in sets for arm in ("patched", "stock")]
+    # HANG_ARMS="stock patched" drives stock first; one arm alone where the other is already on record
+    order = os.environ.get("HANG_ARMS", "patched stock").split()
+    if not order or set(order) - {"patched", "stock"}:
+        sys.exit(f"HANG_ARMS must name patched and/or stock, got {order!r}")
+    arms = [(st, arm) for st in sets for arm in order]
     envs = {(st, arm): trigger_env(f"{st}-{arm}", arm == "stock", st == "steady") for st, arm in arms}
     servers = {a: Server(f"{a[0]}-{a[1]}", MTP + PD + HANG_FLAGS, envs[a][0]) for a in arms}
     say("hang servers:", *(a.name for a in servers.values()), "\nflags:", *next(iter(servers.values())).flags)
