@@ -14,6 +14,8 @@ real 0.5.23 code on the same inputs; the REAL code and STAND-INs of both sides a
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -24,7 +26,15 @@ import pytest
 from support import affected_only
 
 from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, load_config
-from sglang_dp_mtp_fix.harness.draft_counts import COUNTS, GATHERED, PAIRS, gather_answers, release_rows, server_args
+from sglang_dp_mtp_fix.harness.draft_counts import (
+    PAIRS,
+    SHAPES,
+    cases,
+    draft_rows,
+    gather_answers,
+    rows_by_case,
+    server_args,
+)
 from sglang_dp_mtp_fix.patches import PATCH_IDS
 from sglang_dp_mtp_fix.patches._startup_checks import draft_token_counts_hazard
 
@@ -32,6 +42,7 @@ pytestmark = affected_only
 
 ORACLE = json.loads((Path(__file__).parent / "data" / "draft_counts_oracle.json").read_text())
 DIFFERING = (("deepep", "none"), ("none", "deepep"))
+STOCK_DIFFERS = 57  # cases where stock 0.5.20 differs from upstream (all on the two differing pairs)
 VOTE_GROUP = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote", "draft_token_counts")
 
 
@@ -44,18 +55,51 @@ def _ep_world(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forward_batch_info, "enable_num_token_non_padded", lambda: True)
 
 
-def oracle(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True) -> list[dict[str, Any]]:
-    key = (target, draft, counts, gathered)
-    case = next(c for c in ORACLE["cases"] if (c["target"], c["draft"], tuple(c["counts"]), c["gathered"]) == key)
-    return list(case["ranks"])
+CASES = cases()
+ORACLE_BY_CASE = {
+    (c["target"], c["draft"], tuple(c["counts"]), c["gathered"], tuple(c["shape"])): c["ranks"] for c in ORACLE["cases"]
+}
+# The values the draft forward derives from its counts (the eager forward's padding mode, gathered buffer length
+# and num_token_non_padded; the draft graph's replay bucket), beside the counts themselves.
+DOWNSTREAM = ("dp_padding_mode", "global_dp_buffer_len", "replay_bs", "num_token_non_padded")
+
+
+def oracle(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True,
+           shape: tuple[str, int] = SHAPES[0]) -> list[dict[str, Any]]:  # fmt: skip
+    """0.5.23's rows, as this release's own ``set_local_num_token_non_padded`` can read them: <= 0.5.19 lacks it
+    (the harness records None); 0.5.20's indexes ``global_num_tokens_cpu[attn_dp_rank]`` where 0.5.23 reads the
+    slot (``dp_slot_in``: 0 in a one-entry list), so a gathering draft on DP rank >= 1 with one-entry lists
+    (SGLANG_SCHEDULER_SKIP_ALL_GATHER) raises IndexError there, stock and patched alike."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    rows = [dict(r) for r in ORACLE_BY_CASE[(target, draft, counts, gathered, shape)]]
+    setter = getattr(ForwardBatch, "set_local_num_token_non_padded", None)
+    for rank, row in enumerate(rows):
+        if setter is None:
+            row["num_token_non_padded"] = None
+        elif "dp_slot_in" not in inspect.getsource(setter) and rank and len(row["global_num_tokens_cpu"] or ()) == 1:
+            if _draft_gathers(target, draft):
+                row["num_token_non_padded"] = "IndexError"
+    return rows
+
+
+@functools.cache
+def _draft_gathers(target: str, draft: str) -> bool:
+    return gather_answers(server_args(target, draft))[1]
 
 
 def test_the_oracle_is_upstreams_and_covers_every_case():
     assert ORACLE["sglang"] == "0.5.23" and "gen_draft_counts_oracle.py" in ORACLE["command"]
-    assert len(ORACLE["cases"]) == len(PAIRS) * len(COUNTS) * len(GATHERED)
+    assert len(ORACLE["cases"]) == len(CASES) == len(ORACLE_BY_CASE) and set(ORACLE_BY_CASE) == set(CASES)
     assert {len(c["counts"]) for c in ORACLE["cases"]} == {2, 3}
-    assert any(r["global_num_tokens_cpu"] != r["global_num_tokens_for_logprob_cpu"] for c in ORACLE["cases"]
-               for r in c["ranks"])  # fmt: skip
+    rows = [r for c in ORACLE["cases"] for r in c["ranks"]]
+    assert any(r["global_num_tokens_cpu"] != r["global_num_tokens_for_logprob_cpu"] for r in rows)
+    # Widths scale the counts; the downstream values are recorded, and take more than one value each.
+    assert {w for _, _, _, _, (_, w) in CASES} == {1, 4, 8}
+    assert {r["forward_mode"] for r in rows} == {"DECODE", "DRAFT_EXTEND_V2", "IDLE"}
+    assert any(r["global_num_tokens_cpu"] and max(r["global_num_tokens_cpu"]) == 96 for r in rows)
+    for field in DOWNSTREAM:
+        assert len({json.dumps(r[field]) for r in rows}) > 1, field
 
 
 def test_differing_draft_backend_changes_the_gather_answer():
@@ -67,32 +111,39 @@ def test_differing_draft_backend_changes_the_gather_answer():
 
 def test_stock_matches_upstream_on_equal_backends_and_differs_where_they_differ():
     """The control: stock gives the draft the target's counts, so it is upstream's answer only where the two agree."""
-    differ = 0
-    for target, draft in PAIRS:
-        for counts in COUNTS:
-            for gathered in GATHERED:
-                same = release_rows(target, draft, counts, gathered) == oracle(target, draft, counts, gathered)
-                assert same or (target, draft) in DIFFERING, (target, draft, counts, gathered)
-                differ += not same
-    assert differ > 0  # the control: stock differs from upstream where the backends differ
+    differ = {field: 0 for field in (*DOWNSTREAM, "global_num_tokens_cpu")}
+    cases_differing = 0
+    for case, rows in rows_by_case(CASES).items():
+        expected = oracle(*case)
+        assert rows == expected or case[:2] in DIFFERING, case
+        cases_differing += rows != expected
+        for field in differ:
+            differ[field] += [r[field] for r in rows] != [r[field] for r in expected]
+    assert cases_differing == STOCK_DIFFERS, (cases_differing, differ)
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    if not hasattr(ForwardBatch, "set_local_num_token_non_padded"):  # <= 0.5.19: not recorded (None both sides)
+        assert differ.pop("num_token_non_padded") == 0
+    assert all(differ.values()), differ  # each compared value of the draft forward differs somewhere on stock
 
 
 def test_differing_draft_backend_splits_the_ranks_on_stock():
     """Target deepep (no gather), draft none (gather): each rank buckets its own count; rank 0 replays, rank 1 not."""
-    assert [r["can_run_graph"] for r in release_rows("deepep", "none", (2, 12))] == [True, False]
+    assert [r["can_run_graph"] for r in draft_rows("deepep", "none", (2, 12))] == [True, False]
 
 
 @pytest.mark.parametrize("target,draft", PAIRS)
 def test_patched_equals_upstream_rank_by_rank(restored, monkeypatch, target, draft):
     """With the plugin (applied afresh per pair: one scheduler process has one ServerArgs), every rank's draft
-    counts and draft-graph decision equal 0.5.23's, for idle ranks, empty ranks and counts above max_bs."""
+    counts, draft-graph decision and replay bucket, and the eager draft forward's padding mode, buffer length and
+    num_token_non_padded equal 0.5.23's: idle ranks, empty ranks, counts above max_bs, draft decode and draft extend
+    widths."""
     monkeypatch.setenv(MODE_ENV, "auto")
     server_args(target, draft)
     outcomes = {o.id: o.status.value for o in restored.register()}
     assert outcomes["draft_token_counts"] == "applied", outcomes
-    for counts in COUNTS:
-        for gathered in GATHERED:
-            assert release_rows(target, draft, counts, gathered) == oracle(target, draft, counts, gathered), counts
+    for case, rows in rows_by_case([c for c in CASES if c[:2] == (target, draft)]).items():
+        assert rows == oracle(*case), case
 
 
 def test_only_the_draft_forward_reads_the_draft_counts_and_the_batch_is_restored(restored, monkeypatch):

@@ -19,13 +19,14 @@ COMMAND = "$(tools/mkvenv.sh 0.5.23 | tail -1)/bin/python tools/gen_draft_counts
 
 
 def generate() -> dict[str, object]:
+    rows = draft_counts.rows_by_case(draft_counts.cases())
     cases = [
-        {"target": t, "draft": d, "counts": list(c), "gathered": g, "ranks": draft_counts.oracle_rows(t, d, c, g)}
-        for t, d in draft_counts.PAIRS
-        for c in draft_counts.COUNTS
-        for g in draft_counts.GATHERED
+        {"target": t, "draft": d, "counts": list(c), "gathered": g, "shape": list(shape), "ranks": rows[case]}
+        for case in draft_counts.cases()
+        for t, d, c, g, shape in [case]
     ]
-    return {"sglang": version("sglang"), "command": COMMAND, "max_bs": draft_counts.MAX_BS, "cases": cases}
+    return {"sglang": version("sglang"), "command": COMMAND, "max_bs": draft_counts.MAX_BS,
+            "capture_bs": list(draft_counts.CAPTURE_BS), "cases": cases}  # fmt: skip
 
 
 def main() -> int:

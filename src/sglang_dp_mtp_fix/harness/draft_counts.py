@@ -1,4 +1,5 @@
-"""The draft's per-rank DP token counts and draft-graph decision, through SGLang's real code, for one release.
+"""The draft's per-rank DP token counts, draft-graph decision and what its forward derives from them, through
+SGLang's real code, for one release.
 
 Used by ``tools/gen_draft_counts_oracle.py`` (0.5.23, upstream's fix: the oracle) and by
 ``tests/test_draft_token_counts.py`` (0.5.15.post1-0.5.20, stock and with the plugin), on the same inputs.
@@ -7,13 +8,18 @@ REAL: ``ServerArgs`` with ``--moe-a2a-backend`` / ``--speculative-moe-a2a-backen
 process does; each answer of ``require_mlp_tp_gather`` as the release computes it (0.5.23: inside
 ``SchedulerDPAttnAdapter.prepare_mlp_sync_batch``; earlier: the scheduler's own answer and, for the draft runner,
 the same call inside ``speculative_moe_a2a_backend_context()``); ``_update_gather_batch``; the draft
-``ForwardBatch`` (0.5.15.post1-0.5.20: ``ForwardBatch.init_new`` with a draft model runner; 0.5.23:
-``ForwardBatch.init_mlp_sync_metadata(..., is_draft_worker=True)``, the method upstream's fix changed, on a bare
-ForwardBatch, since its ``init_new`` needs a live model runner); ``EAGLEDraftCudaGraphRunner.can_run_graph``.
+``ForwardBatch`` from ``ForwardBatch.init_new`` with a draft model runner (the draft extend's through the
+release's ``prepare_for_draft_extend``, which calls it); ``can_run_graph`` of ``EAGLEDraftCudaGraphRunner`` /
+``EAGLEDraftExtendCudaGraphRunner``; ``_pad_to_bucket`` (the replay bucket); the eager forward's
+``ForwardBatch.prepare_mlp_sync_batch`` (``DpPaddingMode``, ``global_dp_buffer_len``) and
+``set_local_num_token_non_padded`` (0.5.20+), under the draft's backend context.
 STAND-INS: ``GatheredSyncInfoStandIn`` (an ``MLPSyncBatchInfo`` after its all-gather, which needs the peer ranks);
-the harness's ``ModelRunnerStandIn`` and decode tensors for ``init_new`` (a model runner needs a model); the draft
-runner created without ``__init__`` (it captures CUDA graphs); on <= 0.5.17 ``enable_num_token_non_padded`` (asks
-the expert-parallel group, which needs the peer ranks).
+the harness's ``ModelRunnerStandIn`` and decode tensors for ``init_new`` (a model runner needs a model), with the
+fields ``_draft_model_runner`` names; the draft decode's input (``_draft_view``: ``prepare_for_draft`` assigns KV
+slots first, which needs the req-to-token pool); the draft runners created without ``__init__`` (they capture CUDA
+graphs) and the bucket choice at the top of their replay (``draft_step_rows``); this rank's place in attention DP
+(``_DpRank``); on <= 0.5.17 ``enable_num_token_non_padded`` (asks the expert-parallel group, which needs the peer
+ranks).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dp_mtp_fix.harness.context import publish_server_args
-from sglang_dp_mtp_fix.harness.standins import ModelRunnerStandIn, decode_tensors, draft_runner_standin
+from sglang_dp_mtp_fix.harness.standins import ModelRunnerStandIn, decode_tensors, draft_runner_standin, draft_step_rows
 
 DUMMY_MODEL = os.path.join(os.path.dirname(__file__), "dummy_model")
 MAX_BS = 8  # the draft graph's largest captured batch size in these cases
@@ -138,12 +144,43 @@ def _answers_0523() -> tuple[bool, bool]:
     return bool(seen["require_mlp_tp_gather"]), bool(seen["draft_require_mlp_tp_gather"])
 
 
-def _runner(draft_gather: bool) -> Any:
+# The draft forwards of one EAGLE round, as (forward, width): "plain" is no spec_info (width 1, DECODE / IDLE);
+# "decode" the draft decode (width topk: the release sets num_tokens_per_req = topk before its init_new); "extend"
+# the draft extend after verify (width speculative_num_draft_tokens), prepared by the release's own
+# prepare_for_draft_extend (DRAFT_EXTEND_V2; IDLE on an idle rank). ``--speculative-eagle-topk 1
+# --speculative-num-steps 3`` gives decode 1 / extend 4; topk 4, 4 steps, 8 draft tokens gives decode 4 / extend 8.
+# ForwardMode.DRAFT_EXTEND (v1) does not exist on 0.5.15.post1-0.5.23: DRAFT_EXTEND_V2 is the draft-extend mode.
+SHAPES = (("plain", 1), ("decode", 1), ("extend", 4), ("decode", 4), ("extend", 8))
+# The widened shapes run on fewer count sets (the test runs on 8 releases on 2 cores): an idle rank, a rank above
+# MAX_BS, 2 and 3 ranks.
+SHAPE_COUNTS = ((2, 12), (0, 5), (0, 5, 12))
+# One oracle case: (target backend, draft backend, per-rank counts, gathered, shape).
+Case = tuple[str, str, tuple[int, ...], bool, tuple[str, int]]
+CAPTURE_BS = (1, 2, 4, 8)  # the draft graph's captured batch sizes: a replay bucket shows which one a rank takes
+
+
+def cases() -> list[Case]:
+    """Every (target, draft, counts, gathered, shape) of the oracle, in its order."""
+    return [
+        (t, d, c, g, shape)
+        for t, d in PAIRS
+        for shape in SHAPES
+        for c in (COUNTS if shape == SHAPES[0] else SHAPE_COUNTS)
+        for g in GATHERED
+    ]
+
+
+def _runner(draft_gather: bool, shape: tuple[str, int]) -> Any:
+    """The draft graph runner of ``shape``'s forward (decode: EAGLEDraftCudaGraphRunner; extend: its draft-extend
+    runner), captured at ``CAPTURE_BS`` with the forward's width."""
     from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, SpeculativeAlgorithm.from_string("EAGLE"))
-    runner.require_mlp_tp_gather, runner.max_bs = draft_gather, MAX_BS
+    kind = EAGLEDraftExtendCudaGraphRunner if shape[0] == "extend" else EAGLEDraftCudaGraphRunner
+    runner = draft_runner_standin(kind, SpeculativeAlgorithm.from_string("EAGLE"))
+    runner.require_mlp_tp_gather, runner.max_bs, runner.capture_bs = draft_gather, MAX_BS, list(CAPTURE_BS)
+    runner.num_tokens_per_bs = runner.captured_req_width = shape[1]
     return runner
 
 
@@ -157,10 +194,13 @@ def _row(view: Any, runner: Any) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - recorded: both sides must fail alike
         can_run = type(exc).__name__
     return {
+        "forward_mode": view.forward_mode.name,  # DECODE / DRAFT_EXTEND_V2, or IDLE on an idle rank
         "global_num_tokens_cpu": _listed(getattr(view, "global_num_tokens_cpu", None)),
         "global_num_tokens_for_logprob_cpu": _listed(getattr(view, "global_num_tokens_for_logprob_cpu", None)),
         "original_global_num_tokens_cpu": _listed(getattr(view, "original_global_num_tokens_cpu", None)),
         "can_run_graph": can_run,
+        # The captured batch size the draft graph would replay (None: eager): the bucket choice of its replay.
+        "replay_bs": draft_step_rows(view, runner, graph=True) if can_run is True else None,
     }
 
 
@@ -168,38 +208,169 @@ def _sync_info(local: int, counts: tuple[int, ...], gathered: bool) -> GatheredS
     return GatheredSyncInfoStandIn(local, list(counts) if gathered else None, logprob_differs=True)
 
 
-def oracle_rows(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True) -> list[dict[str, Any]]:
-    """0.5.23: each rank's draft ForwardBatch counts and draft-graph decision (``gathered`` False: the gathered
-    lists are None, as under SGLANG_SCHEDULER_SKIP_ALL_GATHER)."""
-    from sglang.srt.managers.scheduler_components.dp_attn import _update_gather_batch
+@functools.cache
+def _hf_config() -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(DUMMY_MODEL)
+
+
+def _draft_model_runner(sa: Any) -> Any:
+    """STAND-IN: the draft model runner (a model runner needs a model): the harness's null object, with the
+    dummy model's real HF config (prepare_mlp_sync_batch asks whether it is hybrid-SSM: it is not) and an attention
+    backend whose only answer is the padded rows' sequence length (torch_native's 1 on CPU); the torch_native
+    attention backend named, so that ``init_new`` computes draft-extend positions on CPU (<= 0.5.17 reads it from
+    the runner's ServerArgs)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    fill = functools.partial(int, 1)
+    return ModelRunnerStandIn(
+        device="cpu", spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"), is_draft_worker=True,
+        model_config=ModelRunnerStandIn(hf_config=_hf_config(), linear_attn_registry_result=None),
+        mambaish_config=None, prefill_attention_backend_str="torch_native", server_args=_TorchNativeView(sa),
+        attn_backend=SimpleNamespace(get_cpu_graph_seq_len_fill_value=fill, get_cuda_graph_seq_len_fill_value=fill,
+                                     init_forward_metadata=lambda *a: None),
+    )  # fmt: skip
+
+
+class _TorchUnpinned:
+    """``torch`` whose ``tensor`` ignores ``pin_memory`` (see ``_DpRank``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch, name)
+
+    @staticmethod
+    def tensor(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        kwargs.pop("pin_memory", None)
+        return torch.tensor(*args, **kwargs)
+
+
+class _DpRank:
+    """STAND-IN for this rank's place in attention DP (the groups need the peer ranks): SGLang's own
+    ``get_parallel().override``, and on <= 0.5.20 the ``dp_attention`` globals its ``get_attention_dp_size`` /
+    ``_rank`` read; and ``forward_batch_info._is_cpu`` True (the forward runs on CPU here; SGLang reads it once at
+    import from its CPU engine's env var, and pins memory otherwise); <= 0.5.17 pins unconditionally at the end of
+    ``prepare_mlp_sync_batch`` (pinned memory needs an accelerator): that module's ``torch.tensor`` drops
+    ``pin_memory``. Set for the call, restored after."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+
+    def __enter__(self) -> None:
+        from sglang.srt.layers import dp_attention
+        from sglang.srt.model_executor import forward_batch_info
+        from sglang.srt.runtime_context import get_parallel
+
+        self._saved = [(m, n, getattr(m, n)) for m, n in ((dp_attention, "_ATTN_DP_RANK"),
+                       (dp_attention, "_ATTN_DP_SIZE"), (forward_batch_info, "_is_cpu"), (forward_batch_info, "torch"))
+                       if hasattr(m, n)]  # fmt: skip
+        values = {"_ATTN_DP_RANK": self.rank, "_ATTN_DP_SIZE": self.world, "torch": _TorchUnpinned()}
+        for module, name, _ in self._saved:
+            setattr(module, name, values.get(name, True))
+        from sglang.srt import runtime_context as rc
+
+        place = dict(
+            attn_dp_rank=self.rank, attn_dp_size=self.world, attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1,
+            attn_cp_rank=0, tp_rank=self.rank, tp_size=self.world, moe_ep_size=self.world, moe_dp_size=1,
+            moe_tp_size=1,
+        )  # fmt: skip
+        known = rc._parallel_fields() if hasattr(rc, "_parallel_fields") else rc._PARALLEL_FIELDS
+        self._override = get_parallel().override(**{k: v for k, v in place.items() if k in known})
+        self._override.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._override.__exit__(*exc)
+        for module, name, value in self._saved:
+            setattr(module, name, value)
+
+
+def _draft_view(batch: Any, shape: tuple[str, int], runner: Any, local: int) -> Any:
+    """The draft ForwardBatch of ``shape``'s forward, built by the release's own code from ``batch``."""
+    import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-    server_args(target, draft, world=len(counts))
-    target_gather, draft_gather = _answers_0523()
-    rows = []
-    for local in counts:
-        batch = SimpleNamespace(dp_spec_prefill_coordination_applied=False)  # STAND-IN: the fields the two read
-        _update_gather_batch(batch, _sync_info(local, counts, gathered), target_gather, draft_gather)
-        view = object.__new__(ForwardBatch)
-        view.spec_info, view.batch_size = None, local
-        view.init_mlp_sync_metadata(batch, "cpu", is_draft_worker=True)
-        rows.append(_row(view, _runner(draft_gather)))
-    return rows
+    forward, width = shape
+    decode_tensors(batch)
+    kwargs: dict[str, Any] = {}
+    if "return_hidden_states_before_norm" in inspect.signature(inspect.unwrap(ForwardBatch.init_new)).parameters:
+        kwargs = {"return_hidden_states_before_norm": False}
+    if forward == "plain":
+        return ForwardBatch.init_new(batch, runner, **kwargs)
+    if forward == "decode":
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        # STAND-IN for the end of the release's prepare_for_draft (it first assigns the draft's KV slots, which needs
+        # the req-to-token pool): the draft decode's widths (topk rows per request) and positions, then init_new.
+        spec = EagleDraftInput(
+            topk_p=torch.ones((local, width)), topk_index=torch.zeros((local, width), dtype=torch.long),
+            hidden_states=torch.zeros((local, 4)),
+        )  # fmt: skip
+        spec.num_tokens_per_req = spec.num_tokens_for_logprob_per_req = width
+        spec.positions = batch.seq_lens.repeat_interleave(width, dim=0)
+        batch.spec_info = spec
+        return ForwardBatch.init_new(batch, runner, **kwargs)
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+
+    batch.model_config = SimpleNamespace(vocab_size=1000)  # STAND-IN: prepare_for_draft_extend checks ids with it
+    extend_input = EagleDraftExtendInput(hidden_states=torch.zeros((local * width, 4)), num_tokens_per_req=width,
+                                         num_tokens_for_logprob_per_req=width)  # fmt: skip
+    predict = torch.zeros(local * width, dtype=torch.int64)
+    try:
+        from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
+    except ImportError:  # 0.5.15.post1: a method of the worker that reads nothing of the worker
+        from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
+
+        return EagleDraftWorkerBase.prepare_for_draft_extend(None, extend_input, batch, predict, width, runner, None)
+    return prepare_for_draft_extend(extend_input, batch, predict, width, runner, None, **kwargs)
 
 
-def release_rows(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True) -> list[dict[str, Any]]:
-    """0.5.15.post1-0.5.20 (stock, or with the plugin applied): the same rows through ``ForwardBatch.init_new``."""
+def _eager(view: Any, runner: Any) -> dict[str, Any]:
+    """The draft's eager forward from its counts: ``prepare_mlp_sync_batch`` (SGLang calls it when the counts are
+    gathered; the padding mode and the gathered buffer's length), then this rank's ``num_token_non_padded``
+    (``set_local_num_token_non_padded``, 0.5.20+; None where the release lacks it), under the draft's backend
+    context as the draft worker runs its forwards."""
+    from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
+
+    out: dict[str, Any] = {"dp_padding_mode": None, "global_dp_buffer_len": None}
+    with speculative_moe_a2a_backend_context():
+        if view.global_num_tokens_cpu is not None:
+            view.prepare_mlp_sync_batch(runner)
+            out["dp_padding_mode"] = view.dp_padding_mode.name
+            out["global_dp_buffer_len"] = int(view.global_dp_buffer_len)
+        # 0.5.20+ only: <= 0.5.19's adjust_num_token_non_padded_for_attn_tp reads other inputs (not this value).
+        out["num_token_non_padded"] = None
+        if hasattr(view, "set_local_num_token_non_padded"):
+            try:
+                view.set_local_num_token_non_padded(sharded=False)
+                value = view.num_token_non_padded
+                out["num_token_non_padded"] = None if value is None else int(value)
+            except Exception as exc:  # noqa: BLE001 - recorded: both sides must fail alike
+                out["num_token_non_padded"] = type(exc).__name__
+    return out
+
+
+def draft_rows(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True,
+               shape: tuple[str, int] = SHAPES[0], published: Any = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Each rank's draft ForwardBatch counts, draft-graph decision and replay bucket, and the eager forward's
+    padding mode, buffer length and ``num_token_non_padded``, for this release: 0.5.23 (upstream's fix: the
+    oracle) or 0.5.15.post1-0.5.20 (stock, or with the plugin applied). ``gathered`` False: the gathered lists are
+    None, as under SGLANG_SCHEDULER_SKIP_ALL_GATHER. ``published``: this deployment's ServerArgs, already published
+    (``rows_by_case``); None: publish them here."""
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.scheduler_components.dp_attn import _update_gather_batch
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    target_gather, draft_gather = gather_answers(server_args(target, draft, world=len(counts)))
+    sa = published if published is not None else server_args(target, draft, world=len(counts))
+    upstream = "draft_require_mlp_tp_gather" in inspect.signature(_update_gather_batch).parameters
+    target_gather, draft_gather = _answers_0523() if upstream else gather_answers(sa)
+    answers = (target_gather, draft_gather) if upstream else (target_gather,)
     algo = SpeculativeAlgorithm.from_string("EAGLE")
-    kwargs = {}
-    if "return_hidden_states_before_norm" in inspect.signature(inspect.unwrap(ForwardBatch.init_new)).parameters:
-        kwargs = {"return_hidden_states_before_norm": False}
     rows = []
     for rank, local in enumerate(counts):
         reqs = [
@@ -207,12 +378,27 @@ def release_rows(target: str, draft: str, counts: tuple[int, ...], gathered: boo
         ]
         mode = ForwardMode.DECODE if local else ForwardMode.IDLE
         batch = ScheduleBatch(reqs=reqs, forward_mode=mode, spec_algorithm=algo)
-        _update_gather_batch(batch, _sync_info(local, counts, gathered), target_gather)
-        decode_tensors(batch)
-        draft_model_runner = ModelRunnerStandIn(device="cpu", spec_algorithm=algo, is_draft_worker=True)
-        view = ForwardBatch.init_new(batch, draft_model_runner, **kwargs)
-        rows.append(_row(view, _runner(draft_gather)))
+        _update_gather_batch(batch, _sync_info(local, counts, gathered), *answers)
+        runner = _draft_model_runner(sa)
+        with _DpRank(rank, len(counts)):
+            view = _draft_view(batch, shape, runner, local)
+            row = _row(view, _runner(draft_gather, shape))
+            row.update(_eager(view, runner))
+        rows.append(row)
     return rows
+
+
+def rows_by_case(chosen: list[Case]) -> dict[Case, list[dict[str, Any]]]:
+    """``draft_rows`` of each case, publishing each deployment's ServerArgs once (publishing is most of a case's
+    cost) rather than once per case."""
+    out: dict[Case, list[dict[str, Any]]] = {}
+    deployments = sorted({(t, d, len(c)) for t, d, c, _, _ in chosen})
+    for target, draft, world in deployments:
+        sa = server_args(target, draft, world=world)
+        for case in chosen:
+            if (case[0], case[1], len(case[2])) == (target, draft, world):
+                out[case] = draft_rows(*case, published=sa)
+    return out
 
 
 class _TorchNativeView:
