@@ -61,7 +61,9 @@ ORACLE_BY_CASE = {
 }
 # The values the draft forward derives from its counts (the eager forward's padding mode, gathered buffer length
 # and num_token_non_padded; the draft graph's replay bucket), beside the counts themselves.
-DOWNSTREAM = ("dp_padding_mode", "global_dp_buffer_len", "replay_bs", "num_token_non_padded")
+# The frozen-KV MTP draft decode's graph decision and replay bucket (FrozenKVMTPCudaGraphRunner; None on the forwards
+# it does not run) are compared beside them.
+DOWNSTREAM = ("dp_padding_mode", "global_dp_buffer_len", "replay_bs", "num_token_non_padded", "frozen_kv_replay_bs")
 
 
 def oracle(target: str, draft: str, counts: tuple[int, ...], gathered: bool = True,
@@ -100,6 +102,7 @@ def test_the_oracle_is_upstreams_and_covers_every_case():
     assert any(r["global_num_tokens_cpu"] and max(r["global_num_tokens_cpu"]) == 96 for r in rows)
     for field in DOWNSTREAM:
         assert len({json.dumps(r[field]) for r in rows}) > 1, field
+    assert {json.dumps(r["frozen_kv_can_run_graph"]) for r in rows} == {"true", "false", "null", '"TypeError"'}
 
 
 def test_differing_draft_backend_changes_the_gather_answer():
@@ -130,6 +133,39 @@ def test_stock_matches_upstream_on_equal_backends_and_differs_where_they_differ(
 def test_differing_draft_backend_splits_the_ranks_on_stock():
     """Target deepep (no gather), draft none (gather): each rank buckets its own count; rank 0 replays, rank 1 not."""
     assert [r["can_run_graph"] for r in draft_rows("deepep", "none", (2, 12))] == [True, False]
+
+
+def test_differing_draft_backend_splits_the_frozen_kv_ranks_on_stock():
+    """The frozen-KV MTP draft decode splits the same way: at topk 1 rank 0 replays and rank 1 not; at topk 4 both
+    replay, in different buckets (each rank its own count), where 0.5.23 has both in the bucket of the largest."""
+    topk1 = draft_rows("deepep", "none", (2, 12), shape=("decode", 1))
+    assert [r["frozen_kv_can_run_graph"] for r in topk1] == [True, False]
+    topk4 = draft_rows("deepep", "none", (2, 12), shape=("decode", 4))
+    assert [r["frozen_kv_replay_bs"] for r in topk4] == [1, 4]
+    assert [r["frozen_kv_replay_bs"] for r in oracle("deepep", "none", (2, 12), shape=("decode", 4))] == [4, 4]
+
+
+def test_the_standalone_draft_is_an_eagle_draft_worker_on_the_eagle_runners():
+    """The standalone draft is covered by the EAGLE rows only while it is an EagleDraftWorker on its graph runners."""
+    from sglang.srt.speculative import eagle_worker_v2
+    from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
+
+    assert issubclass(StandaloneDraftWorker, eagle_worker_v2.EagleDraftWorker)
+    assert issubclass(StandaloneWorkerV2, eagle_worker_v2.EAGLEWorkerV2)
+    overridden = {n for n in ("draft", "draft_extend", "_capture_cuda_graphs", "forward_batch_generation")
+                  if n in vars(StandaloneDraftWorker) or n in vars(StandaloneWorkerV2)}  # fmt: skip
+    assert not overridden, overridden
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
+
+    assert eagle_worker_v2.EAGLEDraftCudaGraphRunner is EAGLEDraftCudaGraphRunner
+    assert eagle_worker_v2.EAGLEDraftExtendCudaGraphRunner is EAGLEDraftExtendCudaGraphRunner
+    code = [eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs.__code__]
+    names = set()
+    while code:  # the names its capture reads, nested functions included (0.5.23 picks the class in a lambda)
+        names.update(code[-1].co_names)
+        code.extend(c for c in code.pop().co_consts if inspect.iscode(c))
+    assert {"EAGLEDraftCudaGraphRunner", "EAGLEDraftExtendCudaGraphRunner"} <= names
 
 
 @pytest.mark.parametrize("target,draft", PAIRS)

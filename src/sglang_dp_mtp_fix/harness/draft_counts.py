@@ -1,25 +1,26 @@
-"""The draft's per-rank DP token counts, draft-graph decision and what its forward derives from them, through
-SGLang's real code, for one release.
+"""The draft's per-rank DP token counts, draft-graph decision and what its forward derives from them, through SGLang's
+real code, for one release.
 
 Used by ``tools/gen_draft_counts_oracle.py`` (0.5.23, upstream's fix: the oracle) and by
 ``tests/test_draft_token_counts.py`` (0.5.15.post1-0.5.20, stock and with the plugin), on the same inputs.
 
 REAL: ``ServerArgs`` with ``--moe-a2a-backend`` / ``--speculative-moe-a2a-backend``, published as the scheduler
 process does; each answer of ``require_mlp_tp_gather`` as the release computes it (0.5.23: inside
-``SchedulerDPAttnAdapter.prepare_mlp_sync_batch``; earlier: the scheduler's own answer and, for the draft runner,
-the same call inside ``speculative_moe_a2a_backend_context()``); ``_update_gather_batch``; the draft
-``ForwardBatch`` from ``ForwardBatch.init_new`` with a draft model runner (the draft extend's through the
-release's ``prepare_for_draft_extend``, which calls it); ``can_run_graph`` of ``EAGLEDraftCudaGraphRunner`` /
-``EAGLEDraftExtendCudaGraphRunner``; ``_pad_to_bucket`` (the replay bucket); the eager forward's
-``ForwardBatch.prepare_mlp_sync_batch`` (``DpPaddingMode``, ``global_dp_buffer_len``) and
+``SchedulerDPAttnAdapter.prepare_mlp_sync_batch``; earlier: the scheduler's own answer and, for the draft runner, the
+same call inside ``speculative_moe_a2a_backend_context()``); ``_update_gather_batch``; the draft ``ForwardBatch``
+from ``ForwardBatch.init_new`` with a draft model runner (the draft extend's through the release's
+``prepare_for_draft_extend``, which calls it); ``can_run_graph`` of ``EAGLEDraftCudaGraphRunner`` /
+``EAGLEDraftExtendCudaGraphRunner``, and for the frozen-KV MTP draft decode (``FrozenKVMTPDraftInput``, the release's
+``expand_for_topk_draft``) of ``FrozenKVMTPCudaGraphRunner``; ``_pad_to_bucket`` (the replay bucket); the eager
+forward's ``ForwardBatch.prepare_mlp_sync_batch`` (``DpPaddingMode``, ``global_dp_buffer_len``) and
 ``set_local_num_token_non_padded`` (0.5.20+), under the draft's backend context.
 STAND-INS: ``GatheredSyncInfoStandIn`` (an ``MLPSyncBatchInfo`` after its all-gather, which needs the peer ranks);
 the harness's ``ModelRunnerStandIn`` and decode tensors for ``init_new`` (a model runner needs a model), with the
 fields ``_draft_model_runner`` names; the draft decode's input (``_draft_view``: ``prepare_for_draft`` assigns KV
 slots first, which needs the req-to-token pool); the draft runners created without ``__init__`` (they capture CUDA
-graphs) and the bucket choice at the top of their replay (``draft_step_rows``); this rank's place in attention DP
-(``_DpRank``); on <= 0.5.17 ``enable_num_token_non_padded`` (asks the expert-parallel group, which needs the peer
-ranks).
+graphs) and the bucket choice at the top of their replay (``draft_step_rows``, ``frozen_kv_replay_bs``); this rank's
+place in attention DP (``_DpRank``); on <= 0.5.17 ``enable_num_token_non_padded`` (asks the expert-parallel group,
+which needs the peer ranks).
 """
 
 from __future__ import annotations
@@ -184,6 +185,52 @@ def _runner(draft_gather: bool, shape: tuple[str, int]) -> Any:
     return runner
 
 
+def _frozen_kv_runner(draft_gather: bool, width: int) -> Any:
+    """The frozen-KV MTP draft-decode graph runner (``FrozenKVMTPCudaGraphRunner``), captured at ``CAPTURE_BS`` with
+    ``--speculative-eagle-topk`` ``width``: its capture width is topk rows per request (0.5.17+
+    ``resolve_num_tokens_per_req(phase="draft_decode")``; 0.5.15.post1 ``num_tokens_per_bs``)."""
+    from sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner import FrozenKVMTPCudaGraphRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = draft_runner_standin(FrozenKVMTPCudaGraphRunner, SpeculativeAlgorithm.from_string("EAGLE"))
+    runner.require_mlp_tp_gather, runner.max_bs, runner.capture_bs = draft_gather, MAX_BS, list(CAPTURE_BS)
+    runner.topk = runner.num_tokens_per_bs = runner.captured_req_width = width
+    return runner
+
+
+def frozen_kv_replay_bs(view: Any, runner: Any) -> int:
+    """STAND-IN for the bucket choice at the top of ``FrozenKVMTPCudaGraphRunner.execute`` (it needs captured graphs):
+    ``max(global_num_tokens_cpu) // width**2`` when the runner gathers, else the request count (``batch_size //
+    width`` of the topk-expanded batch), padded by SGLang's own ``_pad_to_bucket``."""
+    width = runner.captured_req_width
+    if runner.require_mlp_tp_gather:
+        size = max(view.global_num_tokens_cpu) // (width * width)
+    else:
+        size = view.batch_size // width if runner.topk > 1 else view.batch_size
+    return int(type(runner)._pad_to_bucket(int(size), runner.capture_bs))
+
+
+def _frozen_kv_row(batch: Any, shape: tuple[str, int], model_runner: Any, local: int, draft_gather: bool) -> Any:
+    """The frozen-KV MTP draft decode's graph decision and replay bucket (``FrozenKVMTPDraftWorker.draft``: its
+    ``init_new`` with the draft model runner, the release's ``expand_for_topk_draft``, then ``can_run_graph``).
+    None for the other forwards: its draft extend runs no forward, and an idle rank returns before ``init_new``."""
+    if shape[0] != "decode" or not local:
+        return {"frozen_kv_can_run_graph": None, "frozen_kv_replay_bs": None}
+    from sglang.srt.speculative.frozen_kv_mtp_utils import expand_for_topk_draft
+
+    view = _draft_view(batch, shape, model_runner, local, frozen_kv=True)
+    expand_for_topk_draft(view, shape[1])
+    runner = _frozen_kv_runner(draft_gather, shape[1])
+    try:
+        can_run: bool | str = bool(runner.can_run_graph(view))
+    except Exception as exc:  # noqa: BLE001 - recorded: both sides must fail alike
+        can_run = type(exc).__name__
+    return {
+        "frozen_kv_can_run_graph": can_run,
+        "frozen_kv_replay_bs": frozen_kv_replay_bs(view, runner) if can_run is True else None,
+    }
+
+
 def _listed(value: Any) -> list[int] | None:
     return None if value is None else list(value)
 
@@ -288,8 +335,9 @@ class _DpRank:
             setattr(module, name, value)
 
 
-def _draft_view(batch: Any, shape: tuple[str, int], runner: Any, local: int) -> Any:
-    """The draft ForwardBatch of ``shape``'s forward, built by the release's own code from ``batch``."""
+def _draft_view(batch: Any, shape: tuple[str, int], runner: Any, local: int, frozen_kv: bool = False) -> Any:
+    """The draft ForwardBatch of ``shape``'s forward, built by the release's own code from ``batch`` (``frozen_kv``:
+    the frozen-KV MTP draft decode's, with its ``FrozenKVMTPDraftInput``)."""
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -302,10 +350,11 @@ def _draft_view(batch: Any, shape: tuple[str, int], runner: Any, local: int) -> 
         return ForwardBatch.init_new(batch, runner, **kwargs)
     if forward == "decode":
         from sglang.srt.speculative.eagle_info import EagleDraftInput
+        from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPDraftInput
 
         # STAND-IN for the end of the release's prepare_for_draft (it first assigns the draft's KV slots, which needs
         # the req-to-token pool): the draft decode's widths (topk rows per request) and positions, then init_new.
-        spec = EagleDraftInput(
+        spec = (FrozenKVMTPDraftInput if frozen_kv else EagleDraftInput)(
             topk_p=torch.ones((local, width)), topk_index=torch.zeros((local, width), dtype=torch.long),
             hidden_states=torch.zeros((local, 4)),
         )  # fmt: skip
@@ -381,8 +430,9 @@ def draft_rows(target: str, draft: str, counts: tuple[int, ...], gathered: bool 
         _update_gather_batch(batch, _sync_info(local, counts, gathered), *answers)
         runner = _draft_model_runner(sa)
         with _DpRank(rank, len(counts)):
+            row = _frozen_kv_row(batch, shape, runner, local, draft_gather)
             view = _draft_view(batch, shape, runner, local)
-            row = _row(view, _runner(draft_gather, shape))
+            row.update(_row(view, _runner(draft_gather, shape)))
             row.update(_eager(view, runner))
         rows.append(row)
     return rows
