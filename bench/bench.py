@@ -18,6 +18,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import timeit
@@ -66,7 +67,7 @@ def sync_path(pool, rounds: int) -> dict:
     }
 
 
-def sync_path_local(rounds: int, blocks: int = 10) -> dict:
+def sync_path_local(rounds: int, blocks: int = 10, recorder_root: str | None = None) -> dict:
     """The same round with SGLang's all-gather replaced by a local copy of the gathered rows (``harness_ext.py``,
     loaded into the ranks): each rank times SGLang's own ``get_next_disagg_decode_batch_to_run`` call alone (thread
     CPU, no batch construction, no waiting on a peer), in the same processes, interleaved blocks (arm order rotated;
@@ -76,8 +77,8 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     the cost of wrapping those seams at all, none of the plugin's work); patched; ``recorder`` (patched with the
     flight recorder on, ``SGLANG_DP_MTP_FIX_RECORDER_DIR``: a fresh directory per block, the file really mapped, the
     monitor thread writing its heartbeat); ``recorder_no_heartbeat`` (the same without the monitor thread: the
-    heartbeat's A/A bracket)."""
-    import tempfile
+    heartbeat's A/A bracket). ``recorder_root``: where the recorder arms' directories go (default: a new temporary
+    directory), so the file system under the mapped file can be compared."""
 
     from sglang_dp_mtp_fix.harness.pool import RankPool
     from sglang_dp_mtp_fix.harness.rank import EXTENSION_ENV
@@ -87,7 +88,7 @@ def sync_path_local(rounds: int, blocks: int = 10) -> dict:
     states = [[SEEDED if i % 5 else SEEDLESS for i in range(rounds)], []]
     warm = [states[0][:50], []]
     arms = ("stock", "stock_again", "passthrough", "patched", "recorder", "recorder_no_heartbeat")
-    recorder_root = tempfile.mkdtemp(prefix="sdmf-bench-recorder-")
+    recorder_root = tempfile.mkdtemp(prefix="sdmf-bench-recorder-", dir=recorder_root)
     # "apply" re-reads the environment only when it carries one: the patched arm applies with the recorder unset.
     command: dict[str, Any] = {
         "stock": "restore", "stock_again": "restore", "passthrough": "passthrough",
@@ -289,6 +290,17 @@ def activation_only() -> None:
     )
 
 
+def _fs_type(path: str) -> str:
+    """The file system type under ``path`` (from /proc/mounts: the longest mount point that holds it)."""
+    real, best = os.path.realpath(path), ("", "unknown")
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            _, point, fs = line.split()[:3]
+            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(best[0]):
+                best = (point, fs)
+    return best[1]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     mode = ap.add_mutually_exclusive_group()
@@ -298,6 +310,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--blocks", type=int, default=40, help="--sync-local: blocks per arm (default 40)")
     ap.add_argument(
         "--out", type=Path, default=None, help="--sync-local: write here (default results/sync-local-<release>.json)"
+    )
+    ap.add_argument(
+        "--recorder-root", default=None, help="--sync-local: the recorder arms' files go under here (default: $TMPDIR)"
     )
     return ap.parse_args(argv)
 
@@ -313,8 +328,10 @@ def main() -> None:
         return
     if args.sync_local:
         release = version("sglang")
+        root = args.recorder_root or tempfile.gettempdir()
         result = {"sglang_version": release, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-                  "load_avg_before": os.getloadavg(), **sync_path_local(rounds=args.rounds, blocks=args.blocks),
+                  "load_avg_before": os.getloadavg(), "recorder_root_fs": _fs_type(root),
+                  **sync_path_local(rounds=args.rounds, blocks=args.blocks, recorder_root=root),
                   "load_avg_after": os.getloadavg()}  # fmt: skip
         out = args.out or HERE / "results" / f"sync-local-{release}.json"
         out.write_text(json.dumps(result, indent=1) + "\n")
