@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from releases import FAULT_TWIN_RELEASE, SGLANG_VERSION
-from support import affected_only
+from releases import AFFECTED, FAULT_TWIN_RELEASE, SGLANG_VERSION, SUPERSEDED
 
 from sglang_dp_mtp_fix import cli
 from sglang_dp_mtp_fix import fingerprint as fp
@@ -47,7 +46,11 @@ from sglang_dp_mtp_fix.config import MODE_ENV, Config
 from sglang_dp_mtp_fix.core import MARKER, Kind, Patch, Target, plan
 from sglang_dp_mtp_fix.patches import all_patches
 
-pytestmark = affected_only
+# Where a patch applies: every patch on the affected releases, the watch on SGLang's own vote (upstream_vote_watch) on
+# the superseded ones; a case whose patch does not apply on the release under test skips.
+pytestmark = pytest.mark.skipif(
+    SGLANG_VERSION not in (*AFFECTED, *SUPERSEDED), reason=f"no patch applies on SGLang {SGLANG_VERSION}"
+)
 
 FAULTS = ("missing", "renamed", "signature", "drifted", "raising", "foreign_hook")
 FAULT_PROPERTY = "fault_injection"  # user property read by fault_summary.py
@@ -327,7 +330,8 @@ def test_fault_leaves_sglang_stock(patch_id, target, fault, monkeypatch, caplog,
             # doctor checks without applying: an exception while installing is only seen at load (rolled back).
             assert code == 0 and statuses == baseline()
         else:
-            assert code == 1, data
+            fixes = next(p for p in all_patches() if p.id == patch_id).fixes
+            assert code == (1 if fixes else 0), data  # a diagnostic patch held back leaves nothing unfixed
             assert_stood_down(statuses, deferred)
             assert needle in " ".join(p["reason"] for p in data["patches"]), data
         restored.restore()

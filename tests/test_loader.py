@@ -182,7 +182,7 @@ def test_seams_are_removed_by_restore():
         "assert all(hasattr(f, '__sglang_dp_mtp_fix_seam__') for f in held), 'report seam missing'\n"
         "from sglang.srt.managers.scheduler import Scheduler\n"
         "init = Scheduler.__dict__['__init__']\n"
-        f"assert hasattr(init, '__wrapped__') is {expected_status() == 'applied'}, 'peer-check seam'\n"
+        f"assert hasattr(init, '__wrapped__') is {'applied' in expected_statuses().values()}, 'peer-check seam'\n"
         "from sglang_dp_mtp_fix import plugin; plugin.restore()\n"
         "assert logging.basicConfig is held[0].__wrapped__ and logging.config.dictConfig is held[1].__wrapped__\n"
         "assert Scheduler.__dict__['__init__'] is getattr(init, '__wrapped__', init)\n"

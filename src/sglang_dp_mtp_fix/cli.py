@@ -66,18 +66,23 @@ def doctor_report() -> tuple[dict[str, Any], int]:
     }
     if config.error:
         return data, 2
-    statuses = {o.status for o in outcomes}
+    # The verdict is about the patches that fix; a diagnostic one (upstream_vote_watch) changes no decision.
+    fixing = {p.id for p in all_patches() if p.fixes}
+    statuses = {o.status for o in outcomes if o.id in fixing}
     if Status.DISABLED in statuses:
         # Disabled by the operator: is this install affected at all? (A not-affected or already fixed SGLang is fine
         # whatever the switches say.)
         underlying = plan(all_patches(), Config(mode=Mode.AUTO)).check_deferred_all().outcomes
         data["without_switches"] = [o.as_dict() for o in underlying]
-        if {o.status for o in underlying} <= {Status.SUPERSEDED, Status.NOT_AFFECTED}:
-            statuses = {o.status for o in underlying}
+        if {o.status for o in underlying if o.id in fixing} <= {Status.SUPERSEDED, Status.NOT_AFFECTED}:
+            statuses = {o.status for o in underlying if o.id in fixing}
     fixed_or_clean = statuses <= {Status.APPLIED, Status.SUPERSEDED, Status.NOT_AFFECTED}
     would_patch = Status.APPLIED in statuses
     code = 0 if fixed_or_clean and (selected or not would_patch) else 1
+    watching = [o.id for o in outcomes if o.id not in fixing and o.status is Status.APPLIED]
     data["verdict"] = _verdict(code, statuses, selected)
+    if code == 0 and watching and selected:
+        data["verdict"] += f"; the hang diagnosis ({', '.join(watching)}) will be applied when SGLang loads plugins"
     return data, code
 
 

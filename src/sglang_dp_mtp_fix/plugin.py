@@ -149,10 +149,15 @@ def _after_scheduler_init(
     manager.install_seam(Scheduler, "__init__", __init__)
 
 
+# The patches whose sync-entry wrapper counts the rounds the stall watcher reads: the plugin's vote, or the watch on
+# SGLang's own (0.5.21+).
+WATCHED_BY = ("draft_graph_vote", "upstream_vote_watch")
+
+
 def start_monitor(scheduler: Any, manager: PatchManager) -> None:
     """The stall watcher (and, once the recorder's file opens, the heartbeat): one daemon thread per scheduler whose
-    vote is applied (``monitor``). Never raises."""
-    if not any(o.id == "draft_graph_vote" and o.status is Status.APPLIED for o in manager.outcomes or []):
+    rounds are counted (``WATCHED_BY``, ``monitor``). Never raises."""
+    if not any(o.id in WATCHED_BY and o.status is Status.APPLIED for o in manager.outcomes or []):
         return
     try:
         monitor.start(dp_rank=recorder.scheduler_dp_rank(scheduler))
@@ -223,8 +228,8 @@ def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager 
     for hazard in _startup_checks.CHECKS:
         check, fixed_by = hazard.check, hazard.fixed_by
         fix = status.get(fixed_by or "")
-        if fix is not None and fix.status is Status.APPLIED:
-            continue  # the patch that removes this hazard runs on this scheduler
+        if fix is not None and fix.status in (Status.APPLIED, Status.SUPERSEDED):
+            continue  # the patch that removes this hazard runs on this scheduler, or SGLang carries its fix
         try:
             line = check(scheduler)
         except Exception as exc:  # noqa: BLE001 - a diagnostic must never crash the host

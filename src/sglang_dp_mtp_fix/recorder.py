@@ -78,7 +78,8 @@ def scheduler_dp_rank(scheduler: Any) -> int:
 
 def _ranks(info: Any) -> tuple[int, int, int, int, int]:
     """(dp rank, dp size, tp rank, tp size, global rank) of this scheduler; -1 where unknown."""
-    dp_size = int(getattr(info, "dp_size", -1) or -1)
+    # ServerArgs and MLPSyncBatchInfo up to 0.5.21 call it dp_size; MLPSyncBatchInfo from 0.5.22 num_dp_ranks
+    dp_size = int(getattr(info, "dp_size", None) or getattr(info, "num_dp_ranks", -1) or -1)
     tp_rank = tp_size = global_rank = -1
     try:
         from sglang.srt.distributed.parallel_state import get_tp_group

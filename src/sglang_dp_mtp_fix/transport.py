@@ -48,7 +48,7 @@ def _overlap_disabled(server_args: Any) -> bool:
         return bool(server_args.disable_overlap_schedule)
 
 
-def describe(scheduler: Any, vote_active: bool) -> str:
+def describe(scheduler: Any, vote: str) -> str:
     import torch.distributed as dist
 
     from sglang_dp_mtp_fix.patches._startup_checks import _mlp_tp_gather
@@ -81,17 +81,22 @@ def describe(scheduler: Any, vote_active: bool) -> str:
             draft = _mlp_tp_gather(server_args)
     return (
         f"sglang-dp-mtp-fix: MLP-sync transport: {where}; overlap {'on' if overlap else 'off'}; MLP gather target="
-        f"{target} draft={draft}; draft-graph vote {'active' if vote_active else 'NOT active'}"
+        f"{target} draft={draft}; draft-graph vote {vote}"
     )
 
 
+def vote_state(manager: Any) -> str:
+    """Whose draft-graph vote runs on this scheduler: the plugin's, SGLang's own (0.5.21+), or none."""
+    status = next((o.status for o in manager.outcomes or [] if o.id == "draft_graph_vote"), None)
+    if status is Status.APPLIED:
+        return "active"
+    return "SGLang's own (upstream)" if status is Status.SUPERSEDED else "NOT active"
+
+
 def log_line(scheduler: Any, manager: Any) -> None:
-    vote = next((o for o in manager.outcomes or [] if o.id == "draft_graph_vote"), None)
-    active = vote is not None and vote.status is Status.APPLIED
+    vote = vote_state(manager)
     try:
-        line = describe(scheduler, active)
+        line = describe(scheduler, vote)
     except Exception as exc:  # noqa: BLE001 - a diagnostic line must never crash the host
-        line = f"sglang-dp-mtp-fix: MLP-sync transport not determined ({exc!r}); draft-graph vote " + (
-            "active" if active else "NOT active"
-        )
+        line = f"sglang-dp-mtp-fix: MLP-sync transport not determined ({exc!r}); draft-graph vote {vote}"
     logger.info(line)

@@ -337,9 +337,16 @@ def test_e_off_leaves_sglang_stock_and_every_process_says_so(probe_off):
 @stand_down_only
 def test_f_stands_down_with_one_visible_line_and_serves(standing_down):
     want = "not-affected" if SGLANG_VERSION == "0.5.15" else "superseded"
+    # Where SGLang votes the draft graph itself, the watch on its vote applies (upstream_vote_watch); nothing fixes
+    watch = "not-affected" if want == "not-affected" else "applied"
     lines = assert_one_line_per_process(standing_down, "(mode=auto): ")
     for line in lines.values():
         got = statuses(line)
+        assert got.pop("upstream_vote_watch") == watch, line
         assert got["draft_graph_vote"] == want and set(got.values()) <= {want, "not-affected"}, line
-    assert "cross-rank patch-state check" not in standing_down.log  # nothing applied: nothing to compare
+    passed = {m["dp"] for m in PEER_PASSED.finditer(standing_down.log)}
+    # the ranks compare what they applied (the watch) or, with nothing applied, nothing at all
+    assert passed == ({"0", "1"} if watch == "applied" else set()), standing_down.log[-4000:]
+    transport = re.findall(r"draft-graph vote (.*)$", standing_down.log, re.M)
+    assert transport == (["SGLang's own (upstream)"] * 2 if watch == "applied" else []), transport
     assert_served(standing_down)

@@ -37,6 +37,7 @@ from sglang_dp_mtp_fix.core.manager import PatchManager
 from sglang_dp_mtp_fix.core.model import (
     MARKER,
     ORIGINAL,
+    UNCHANGED,
     HeldBack,
     Kind,
     Outcome,
@@ -67,6 +68,7 @@ __all__ = [
     "Status",
     "Target",
     "TargetProblem",
+    "UNCHANGED",
     "apply_patch",
     "check_patch",
     "groups",

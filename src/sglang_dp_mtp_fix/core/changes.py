@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from sglang_dp_mtp_fix import fingerprint as fp
 from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core.checks import describe
-from sglang_dp_mtp_fix.core.model import MARKER, ORIGINAL, Kind, Patch, Resolved, Target
+from sglang_dp_mtp_fix.core.model import MARKER, ORIGINAL, UNCHANGED, Kind, Patch, Resolved, Target
 
 _MISSING = object()
 
@@ -144,6 +144,8 @@ def apply_patch(changes: ChangeSet, patch: Patch, resolved: dict[Target, Resolve
         if target.kind is Kind.CHECK:
             continue
         new = new_values[target]
+        if new is UNCHANGED and target.kind is Kind.WRAP:
+            continue
         original = stacked[target].original if target in stacked else res.raw
         live_new = fp.function_of(new)
         try:

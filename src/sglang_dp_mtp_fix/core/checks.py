@@ -55,8 +55,9 @@ def import_owner(target: Target) -> tuple[Any, str]:
     return obj, parts[-1]
 
 
-def resolve(target: Target) -> Resolved | None:
-    """Resolve and check one target. Returns None for an absent optional target; raises TargetProblem."""
+def resolve(target: Target, written_for: tuple[str, ...] = AFFECTED_RELEASES) -> Resolved | None:
+    """Resolve and check one target (its fingerprint seen in one of ``written_for``). Returns None for an absent
+    optional target; raises TargetProblem."""
     try:
         owner, attr = import_owner(target)
     except _AbsentModule:
@@ -81,7 +82,7 @@ def resolve(target: Target) -> Resolved | None:
     # behaviour is no longer the fingerprinted code (the fingerprint alone would see through the wrapper).
     if getattr(live, MARKER, None) is None and _foreign_hook(live):  # a marker: ours (re-application is idempotent)
         raise TargetProblem(f"{target.name} is already wrapped by another hook ({describe(live)})")
-    fingerprint, matched = _check_fingerprint(target, raw) if target.fingerprinted else (None, ())
+    fingerprint, matched = _check_fingerprint(target, raw, written_for) if target.fingerprinted else (None, ())
     return Resolved(target, owner, attr, raw, own, matched, fingerprint)
 
 
@@ -105,8 +106,8 @@ def describe(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
-def _check_fingerprint(target: Target, raw: Any) -> tuple[str, tuple[str, ...]]:
-    """(fingerprint, releases it was seen in); raises TargetProblem unless one of them is an affected release."""
+def _check_fingerprint(target: Target, raw: Any, written_for: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """(fingerprint, releases it was seen in); raises TargetProblem unless one of them is in ``written_for``."""
     live = fp.function_of(raw)
     live = getattr(live, ORIGINAL, live)  # our own wrapper (re-application): judge the code it replaced
     try:
@@ -114,12 +115,12 @@ def _check_fingerprint(target: Target, raw: Any) -> tuple[str, tuple[str, ...]]:
     except (OSError, TypeError, SyntaxError) as exc:
         raise TargetProblem(f"{target.name}: source unavailable for fingerprinting ({exc})") from exc
     seen_in = fp.releases_with(target.name, got)
-    if not any(r in AFFECTED_RELEASES for r in seen_in):
+    if not any(r in written_for for r in seen_in):
         known = sorted(fp.known_fingerprints().get("targets", {}).get(target.name, {}))
         where = f"seen in {', '.join(seen_in)}" if seen_in else "unknown"
         raise TargetProblem(
             f"{target.name} source drifted: fingerprint {got} ({where}) is not one of the {len(known)} "
-            f"known for {AFFECTED_RELEASES[0]}..{AFFECTED_RELEASES[-1]}"
+            f"known for {written_for[0]}..{written_for[-1]}"
         )
     return got, tuple(seen_in)
 
@@ -136,10 +137,10 @@ def _check_alternatives(targets: Sequence[Target], res: dict[Target, Resolved]) 
             raise TargetProblem(f"{label} is missing: none of its known homes is present ({names})")
 
 
-def _checked_reason(res: dict[Target, Resolved]) -> str:
+def _checked_reason(res: dict[Target, Resolved], written_for: tuple[str, ...]) -> str:
     fingerprinted = [r.matched for r in res.values() if r.target.fingerprinted]
-    common = set(AFFECTED_RELEASES).intersection(*fingerprinted) if fingerprinted else set()
-    as_of = ", ".join(r for r in AFFECTED_RELEASES if r in common) or "mixed releases"
+    common = set(written_for).intersection(*fingerprinted) if fingerprinted else set()
+    as_of = ", ".join(r for r in written_for if r in common) or "mixed releases"
     n, f = len(res), len(fingerprinted)
     return (
         f"{n} target{'s' if n != 1 else ''} checked; "
@@ -153,7 +154,7 @@ def check_patch(p: Patch) -> tuple[Outcome, dict[Target, Resolved] | None]:
         p.check_imported()
         res = {}
         for t in p.targets:
-            r = resolve(t)
+            r = resolve(t, p.written_for)
             if r is not None:
                 res[t] = r
         _check_alternatives(p.targets, res)
@@ -163,7 +164,7 @@ def check_patch(p: Patch) -> tuple[Outcome, dict[Target, Resolved] | None]:
         return unsupported(p.id, HeldBack.OWN_CHECK, str(exc)), None
     except Exception as exc:  # noqa: BLE001
         return unsupported(p.id, HeldBack.OWN_CHECK, f"target check failed: {exc!r}"), None
-    return Outcome(p.id, Status.APPLIED, _checked_reason(res)), res
+    return Outcome(p.id, Status.APPLIED, _checked_reason(res, p.written_for)), res
 
 
 def stand_down_outcome(patch_id: str, stand_down: StandDown) -> Outcome:

@@ -7,9 +7,15 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sglang_dp_mtp_fix.config import Config
+from sglang_dp_mtp_fix.releases import AFFECTED_RELEASES
 
 MARKER = "__sglang_dp_mtp_fix_patch__"  # on each replacement: the id of the patch that installed it
 ORIGINAL = "__sglang_dp_mtp_fix_original__"  # on each replacement: the function it replaced (fingerprinted instead)
+
+
+# A replacement value meaning "this WRAP target stays SGLang's own" (a wrapper the configuration does not need, decided
+# at load); any other target left out of ``replacements`` is an error.
+UNCHANGED: Any = type("Unchanged", (), {"__repr__": lambda self: "UNCHANGED"})()
 
 
 class Status(str, enum.Enum):
@@ -93,6 +99,10 @@ class Patch:
     targets: tuple[Target, ...] = ()
 
     deferred_until_import: str | None = None  # a module name: checked and applied when it is imported (core doc)
+    # The releases its targets were written for: a target's fingerprint must have been seen in one of them.
+    written_for: tuple[str, ...] = AFFECTED_RELEASES
+    # False: it changes no decision of SGLang's (a diagnostic); ``doctor``'s verdict is about the patches that fix.
+    fixes: bool = True
 
     def classify(self) -> None:
         """Raise ``StandDown`` when the installed SGLang already has the fix or is not affected.
@@ -108,8 +118,8 @@ class Patch:
         scheduler knows (its ServerArgs, its workers). Raise ``TargetProblem`` when it cannot be read."""
 
     def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
-        """New values for WRAP and ADD targets, built for ``config`` (load-time choices such as the vote counters).
-        Keep originals in closures, never in module globals."""
+        """New values for WRAP and ADD targets, built for ``config`` (load-time choices such as the vote counters);
+        ``UNCHANGED`` leaves a WRAP target as it is. Keep originals in closures, never in module globals."""
         raise NotImplementedError
 
 

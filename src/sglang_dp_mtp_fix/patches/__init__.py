@@ -13,6 +13,7 @@ says what each patch does.
 | dsa_idle_index        | (own)         | #32209 bullet 8: idle DP ranks skip eager DSA index selection     |
 | dsa_trtllm_trim       | (own)         | #32209 bullet 9: TRT-LLM DSA decode trimmed to the planned batch  |
 | dsa_decode_trim       | (own)         | bullet 9 for every other DSA decode backend (not in #32209)       |
+| upstream_vote_watch   | (own)         | 0.5.21+: the stall line and recorder on SGLang's own draft vote   |
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sglang_dp_mtp_fix.patches.dsa_idle_index import DsaIdleIndex
 from sglang_dp_mtp_fix.patches.dsa_trtllm_trim import DsaTrtllmTrim
 from sglang_dp_mtp_fix.patches.eager_draft_gate import EagerDraftGate
 from sglang_dp_mtp_fix.patches.future_seed_authority import FutureSeedAuthority
+from sglang_dp_mtp_fix.patches.upstream_vote_watch import UpstreamVoteWatch
 
 
 def all_patches() -> list[Patch]:
@@ -38,6 +40,7 @@ def all_patches() -> list[Patch]:
         DsaIdleIndex(),
         DsaTrtllmTrim(),
         DsaDecodeTrim(),
+        UpstreamVoteWatch(),
     ]
 
 

@@ -1,0 +1,57 @@
+"""Test-only SGLang plugin ``launch_hold_probe`` (``SGLANG_PLUGINS=...,launch_hold_probe``), the stall launch only.
+
+Not a stand-in for the plugin under test: it never touches ``sglang_dp_mtp_fix``. It holds one scheduler's main thread,
+alive, in the middle of a round, as a lazily loaded kernel or a slow collective outside the MLP sync would
+(sglang#33642): while the file ``$LAUNCH_HOLD_PROBE_FILE`` exists, DP rank ``LAUNCH_HOLD_PROBE_RANK`` (default 0)
+sleeps before running each batch, after the round's MLP sync. Its peer then blocks in that round's forward
+collectives, so both ranks are alive (their heartbeats tick), in the same round, with the same decisions: what
+``rollcall`` must call a stall outside the vote.
+
+Installed on the scheduler instance (``run_batch``, an instance attribute: no SGLang function is replaced) at the end
+of ``Scheduler.maybe_init_draft_worker``, which the plugin does not target, after every plugin was loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from typing import Any
+
+MARK = "_launch_hold_probe"
+
+
+def register() -> None:
+    if not os.environ.get("LAUNCH_HOLD_PROBE_FILE"):
+        return
+    scheduler = sys.modules.get("sglang.srt.managers.scheduler")
+    if scheduler is None:  # not a scheduler process: nothing to hold
+        return
+    original = scheduler.Scheduler.__dict__["maybe_init_draft_worker"]
+    if getattr(original, MARK, False):
+        return
+
+    @functools.wraps(original)
+    def maybe_init_draft_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        _install(self)
+        return result
+
+    setattr(maybe_init_draft_worker, MARK, True)
+    scheduler.Scheduler.maybe_init_draft_worker = maybe_init_draft_worker
+
+
+def _install(scheduler: Any) -> None:
+    if int(getattr(scheduler, "dp_rank", -1) or 0) != int(os.environ.get("LAUNCH_HOLD_PROBE_RANK", "0")):
+        return
+    hold_file = os.environ["LAUNCH_HOLD_PROBE_FILE"]
+    run_batch = scheduler.run_batch  # the bound method
+
+    @functools.wraps(run_batch)
+    def held_run_batch(*args: Any, **kwargs: Any) -> Any:
+        while os.path.exists(hold_file):
+            time.sleep(0.05)
+        return run_batch(*args, **kwargs)
+
+    scheduler.run_batch = held_run_batch
