@@ -40,12 +40,13 @@ RSS_GROWTH_MB = 64
 PLUGIN_METRIC = "sglang:dp_mtp_fix_"
 
 
-def probe_pythonpath(gaps: str, tmp: Path) -> str:
-    """The tier's stand-ins plus the probe, registered like launch_cpu_gaps (a dist-info in a temp dir)."""
-    info = tmp / "launch_vote_probe-0.0.0.dist-info"
+def probe_pythonpath(gaps: str, tmp: Path, probe: str = "launch_vote_probe") -> str:
+    """The tier's stand-ins plus a test-only probe of ``tests/launch/probes`` (the vote probe unless named),
+    registered like launch_cpu_gaps (a dist-info in a temp dir)."""
+    info = tmp / f"{probe}-0.0.0.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: launch-vote-probe\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nlaunch_vote_probe = launch_vote_probe:register\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {probe.replace('_', '-')}\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text(f"[sglang.srt.plugins]\n{probe} = {probe}:register\n")
     return os.pathsep.join([gaps, str(LAUNCH_DIR / "probes"), str(tmp)])
 
 

@@ -1,6 +1,8 @@
 """A DP rank that stops, in a real CPU launch (issue 33): the tier's shape (DP attention 2, PD decode, NEXTN MTP) with
-the flight recorder and a short ``SGLANG_DP_MTP_FIX_STALL_S``. One launch serves the three checks, in order:
+the flight recorder and a short ``SGLANG_DP_MTP_FIX_STALL_S``. One launch serves the four checks, in order:
 
+0. Both ranks alive, held in the same round (the test-only ``probes/launch_hold_probe`` holds DP rank 0's main thread
+   before its batch; its peer blocks in the forward's collectives): ``rollcall`` says the stall is outside the vote;
 1. SIGSTOP DP rank 1's scheduler with a request in flight on each rank: within STALL_S + 5 s DP rank 0's log has the
    stall line naming its round, and ``rollcall`` exits 1 naming DP rank 1 as frozen;
 2. SIGCONT: DP rank 0 logs the recovery line, the requests in flight complete and a new one is served;
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import pytest
 from launchlib import base_env, post_generate, start_server
 from releases import AFFECTED, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION, SUPERSEDED
+from soaklib import probe_pythonpath
 
 from sglang_dp_mtp_fix import rollcall
 from sglang_dp_mtp_fix.recfile import HEARTBEAT_PERIOD_S, HEARTBEAT_STALE_S
@@ -81,6 +84,7 @@ class StallRun:
     stall_after_s: float
     stall_fields: dict[str, str]
     recovery_fields: dict[str, str]
+    held: tuple[dict, int]
     frozen: tuple[dict, int]
     in_flight: list[dict]
     after: dict
@@ -89,11 +93,48 @@ class StallRun:
     notes: list[str] = field(default_factory=list)
 
 
+def _hold_both_in_one_round(server, ranks: dict[int, rollcall.RankFile], hold_file) -> tuple[dict, int]:  # noqa: ANN001
+    """Phase 0: hold DP rank 0 before its batch while a request decodes on each rank; once neither rank's entered
+    round moves, ``rollcall`` (its own settle window) must find both alive in one round. Released before the return,
+    and shorter than STALL_S, so no stall line of its own."""
+
+    def entered() -> tuple[int, ...]:
+        return tuple(rollcall.read_file(ranks[r].path).entered for r in (0, 1))
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(_request, server.port, rank, 5000 + rank, 48) for rank in (0, 1)]
+        base = entered()
+        _wait_for("both ranks decoding", lambda: min(a - b for a, b in zip(entered(), base, strict=True)) > 2, 120,
+                  lambda: server.log)  # fmt: skip
+        hold_file.touch()
+        try:
+            held_marker = hold_file.with_name(hold_file.name + ".held")
+            _wait_for("the probe holding DP rank 0", held_marker.exists, 60, lambda: server.log)
+            last: list[tuple[int, ...]] = [entered()]
+
+            def settled() -> bool:  # its peer has reached the same round's forward and waits there
+                time.sleep(0.5)
+                last.append(entered())
+                return last[-1] == last[-2] == last[-3] if len(last) > 2 else False
+
+            _wait_for("the held ranks' rounds to stop moving", settled, 30, lambda: server.log)
+            held = rollcall.rollcall([os.path.dirname(ranks[0].path)])
+        finally:
+            hold_file.unlink()
+        outputs = [f.result(timeout=240) for f in futures]
+    assert [len(o["output_ids"]) for o in outputs] == [48, 48], outputs  # released: both complete
+    return held
+
+
 @pytest.fixture(scope="module")
 def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
     rec_dir = launch_tmp / "stall-recorder"
     rec_dir.mkdir()
-    env = base_env(gaps_path, SGLANG_DP_MTP_FIX_RECORDER_DIR=str(rec_dir), SGLANG_DP_MTP_FIX_STALL_S=str(STALL_S))
+    hold_file = launch_tmp / "stall-hold"
+    path = probe_pythonpath(gaps_path, launch_tmp / "hold-probe-entry-point", "launch_hold_probe")
+    env = base_env(path, SGLANG_DP_MTP_FIX_RECORDER_DIR=str(rec_dir), SGLANG_DP_MTP_FIX_STALL_S=str(STALL_S),
+                   LAUNCH_HOLD_PROBE_FILE=str(hold_file), LAUNCH_HOLD_PROBE_RANK=str(LIVE_RANK))  # fmt: skip
+    env["SGLANG_PLUGINS"] += ",launch_hold_probe"
     server = start_server("stall", launch_tmp, env)
     stopped_pid = None
     try:
@@ -110,8 +151,9 @@ def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
             return got if set(got) == {0, 1} and all(f.heartbeat_ticks for f in got.values()) else {}
 
         ranks = _wait_for("both ranks' recorder files with a heartbeat", files, 60, lambda: server.log)
+        held = _hold_both_in_one_round(server, ranks, hold_file)
         stopped_pid = ranks[STOPPED_RANK].pid
-        base = ranks[STOPPED_RANK].last_round
+        base = rollcall.read_file(ranks[STOPPED_RANK].path).last_round  # after phase 0
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(_request, server.port, rank, 6000 + rank, IN_FLIGHT_TOKENS) for rank in (0, 1)]
             # Both ranks decode: rounds with a batch are recorded on the rank that will stop
@@ -142,8 +184,8 @@ def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
         _wait_for("rank 1 gone", lambda: rollcall.process_state(ranks[STOPPED_RANK]) == "dead", 30)
         dead = rollcall.rollcall([str(rec_dir)], settle_s=0)
         launch_timings["stall"] = round(time.monotonic() - t0, 1)
-        return StallRun(stopped_pid, stall_after_s, _fields(match["fields"]), _fields(recovery["fields"]), frozen,
-                        in_flight, after, dead, server.log[mark:])  # fmt: skip
+        return StallRun(stopped_pid, stall_after_s, _fields(match["fields"]), _fields(recovery["fields"]), held,
+                        frozen, in_flight, after, dead, server.log[mark:])  # fmt: skip
     finally:
         if stopped_pid is not None:
             try:
@@ -167,6 +209,14 @@ def test_the_live_rank_logs_the_stall_line_naming_its_round(run):
         and "state=stopped" in (f["stale_peers"])
     ), f
     print("stall line:", " ".join(f"{k}={v}" for k, v in f.items()))
+
+
+def test_both_ranks_held_alive_in_one_round_is_a_stall_outside_the_vote(run):
+    data, code = run.held
+    print("rollcall (held):", data["answer"])
+    assert code == 1 and data["verdict"] == "stall_outside_vote", data["answer"]
+    assert "a stall outside the vote" in data["answer"] and "CUDA_MODULE_LOADING=EAGER" in data["answer"]
+    assert all(r["process"] == "running" and not r["stopped"] for r in data["ranks"]), data["ranks"]
 
 
 def test_rollcall_names_the_frozen_rank(run):
