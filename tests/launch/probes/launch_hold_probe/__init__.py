@@ -8,39 +8,25 @@ rank k) sleeps before running each batch, after the round's MLP sync (and create
 begins). Its peer then blocks in that round's forward collectives, so both ranks are alive (their heartbeats tick),
 in the same round, with the same decisions: what ``rollcall`` must call a stall outside the vote.
 
-Installed on the scheduler instance (``run_batch``, an instance attribute: no SGLang function is replaced) at the end
-of ``Scheduler.maybe_init_draft_worker``, which the plugin does not target, after every plugin was loaded.
+Installed on the scheduler instance (``run_batch``, an instance attribute: no SGLang function is replaced) through
+``probe_seam``.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 from typing import Any
+
+from probe_seam import after_draft_worker_init
 
 MARK = "_launch_hold_probe"
 
 
 def register() -> None:
-    if not os.environ.get("LAUNCH_HOLD_PROBE_FILE"):
-        return
-    scheduler = sys.modules.get("sglang.srt.managers.scheduler")
-    if scheduler is None:  # not a scheduler process: nothing to hold
-        return
-    original = scheduler.Scheduler.__dict__["maybe_init_draft_worker"]
-    if getattr(original, MARK, False):
-        return
-
-    @functools.wraps(original)
-    def maybe_init_draft_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        _install(self)
-        return result
-
-    setattr(maybe_init_draft_worker, MARK, True)
-    scheduler.Scheduler.maybe_init_draft_worker = maybe_init_draft_worker
+    if os.environ.get("LAUNCH_HOLD_PROBE_FILE"):
+        after_draft_worker_init(_install, MARK)
 
 
 def _install(scheduler: Any) -> None:

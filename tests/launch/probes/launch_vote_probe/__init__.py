@@ -39,9 +39,9 @@ its). It does three things to SGLang, all outside the plugin, in every scheduler
    (``LAUNCH_VOTE_PROBE_FORCE_SEED``, round) alone, the same on every rank, so the record of the draft step knows
    what the hook said before that round's sync (and an off launch records the same need, nobody asking).
 
-Installed at the end of ``Scheduler.maybe_init_draft_worker`` (``register`` wraps that method, which the plugin does
-not target): by then SGLang's ``load_plugins()`` has run every plugin, so the plugin resolved and fingerprinted its
-targets before the probe wraps anything (a wrapper seen first would read to it as a foreign hook).
+Installed at the end of ``Scheduler.maybe_init_draft_worker`` (``probe_seam``, which the plugin does not target): by
+then SGLang's ``load_plugins()`` has run every plugin, so the plugin resolved and fingerprinted its targets before the
+probe wraps anything (a wrapper seen first would read to it as a foreign hook).
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ import inspect
 import json
 import os
 import random
-import sys
 from typing import Any
+
+from probe_seam import after_draft_worker_init
 
 HOOK_NAME = "requires_dp_attention_eager_forward"  # the upstream (#32209) worker hook
 VOTE_ATTR = "can_run_dp_draft_cuda_graph"  # the plugin's vote on ScheduleBatch / ForwardBatch (read only)
@@ -76,23 +77,8 @@ class _State:
 
 
 def register() -> None:
-    if not os.environ.get("LAUNCH_VOTE_PROBE_DIR"):
-        return
-    scheduler = sys.modules.get("sglang.srt.managers.scheduler")
-    if scheduler is None:  # not a scheduler process (the launcher, the detokenizer): nothing to probe
-        return
-    original = scheduler.Scheduler.__dict__["maybe_init_draft_worker"]
-    if getattr(original, MARK, False):
-        return
-
-    @functools.wraps(original)
-    def maybe_init_draft_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        _install(self)
-        return result
-
-    setattr(maybe_init_draft_worker, MARK, True)
-    scheduler.Scheduler.maybe_init_draft_worker = maybe_init_draft_worker
+    if os.environ.get("LAUNCH_VOTE_PROBE_DIR"):
+        after_draft_worker_init(_install, MARK)
 
 
 def _emit(record: dict) -> None:
