@@ -97,24 +97,12 @@ def sync_path_local(rounds: int, blocks: int = 10, recorder_root: str | None = N
     cpu: dict[str, list[float]] = {arm: [] for arm in arms}
     block_medians: dict[str, list[float]] = {arm: [] for arm in arms}
     env = {"SGLANG_PLUGINS": "dp_mtp_fix", EXTENSION_ENV: str(HERE / "harness_ext.py")}
+    recorder_command = {"recorder": "apply", "recorder_no_heartbeat": "apply_no_monitor"}
     with RankPool(2, load_plugins=True, env=env) as pool:
         seams = pool.plugin("passthrough")[0]["seams"]
         pool.plugin("restore")
-        pool.rounds(states, collective=False)  # warm-up: first-call costs out of the figures
-        for block in range(blocks):
-            for arm in arms[block % len(arms) :] + arms[: block % len(arms)]:
-                if arm.startswith("recorder"):
-                    directory = os.path.join(recorder_root, f"{arm}-{block}")
-                    os.mkdir(directory)
-                    name = "apply" if arm == "recorder" else "apply_no_monitor"
-                    command[arm] = {"command": name, "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": directory}}
-                pool.plugin(command[arm])
-                pool.rounds(warm, collective=False)
-                results = pool.rounds(states, collective=False)
-                got = [res.round_cpu_ms for rank in results for res in rank]
-                cpu[arm].extend(got)
-                block_medians[arm].append(statistics.median(got))
-        pool.plugin("restore")
+        _interleaved_blocks(pool, arms, command, recorder_command, recorder_root, states, warm, blocks, cpu,
+                            block_medians)  # fmt: skip
     med = {arm: statistics.median(v) for arm, v in cpu.items()}
     # Each arm's block median against the stock block of the same rotation (seconds apart).
     block_ratios = {
@@ -153,6 +141,74 @@ def sync_path_local(rounds: int, blocks: int = 10, recorder_root: str | None = N
         "min_block_added_us": {arm: round((fastest[arm] - fastest["stock"]) * 1e3, 2) for arm in arms[1:]},
         "block_medians_us": {arm: [round(m * 1e3, 2) for m in block_medians[arm]] for arm in arms},
         "samples_per_arm": len(cpu["stock"]),
+    }
+
+
+def _interleaved_blocks(
+    pool: Any,
+    arms: tuple[str, ...],
+    command: dict[str, Any],
+    recorder_command: dict[str, str],
+    recorder_root: str,
+    states: list[list[dict]],
+    warm: list[list[dict]],
+    blocks: int,
+    cpu: dict[str, list[float]],
+    block_medians: dict[str, list[float]],
+) -> None:
+    """The rounds of ``--sync-local``: interleaved blocks, the arm order rotated, a short uncounted warm-up after each
+    switch; a recorder arm (``recorder_command``: its plugin command) gets a fresh directory per block."""
+    pool.rounds(states, collective=False)  # warm-up: first-call costs out of the figures
+    for block in range(blocks):
+        for arm in arms[block % len(arms) :] + arms[: block % len(arms)]:
+            if arm in recorder_command:
+                directory = os.path.join(recorder_root, f"{arm}-{block}")
+                os.mkdir(directory)
+                env = {"SGLANG_DP_MTP_FIX_RECORDER_DIR": directory}
+                command[arm] = {"command": recorder_command[arm], "env": env}
+            pool.plugin(command[arm])
+            pool.rounds(warm, collective=False)
+            results = pool.rounds(states, collective=False)
+            got = [res.round_cpu_ms for rank in results for res in rank]
+            cpu[arm].extend(got)
+            block_medians[arm].append(statistics.median(got))
+    pool.plugin("restore")
+
+
+def recorder_split(rounds: int, blocks: int, recorder_root: str | None = None) -> dict:
+    """Where the recorder's cost goes (issue 33), in ``--sync-local``'s round: patched, ``patched_again`` (its A/A
+    pair), the recorder (no heartbeat thread), and the recorder with its ring left in the process's private buffer
+    (``recorder_private_ring``: the file is never created or mapped, every store the same; ``harness_ext``)."""
+    from sglang_dp_mtp_fix.harness.pool import RankPool
+    from sglang_dp_mtp_fix.harness.rank import EXTENSION_ENV
+
+    states = [[SEEDED if i % 5 else SEEDLESS for i in range(rounds)], []]
+    warm = [states[0][:50], []]
+    arms = ("patched", "patched_again", "recorder_no_heartbeat", "recorder_private_ring")
+    root = tempfile.mkdtemp(prefix="sdmf-bench-recorder-", dir=recorder_root)
+    patched = {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": ""}}
+    command: dict[str, Any] = {"patched": patched, "patched_again": patched}
+    recorder_command = {"recorder_no_heartbeat": "apply_no_monitor", "recorder_private_ring": "apply_private_ring"}
+    cpu: dict[str, list[float]] = {arm: [] for arm in arms}
+    block_medians: dict[str, list[float]] = {arm: [] for arm in arms}
+    env = {"SGLANG_PLUGINS": "dp_mtp_fix", EXTENSION_ENV: str(HERE / "harness_ext.py")}
+    with RankPool(2, load_plugins=True, env=env) as pool:
+        pool.plugin("restore")
+        _interleaved_blocks(pool, arms, command, recorder_command, root, states, warm, blocks, cpu, block_medians)
+    fastest = {arm: min(v) for arm, v in block_medians.items()}
+    return {
+        "fastest_block_us": {arm: round(v * 1e3, 2) for arm, v in fastest.items()},
+        "min_block_vs_patched_us": {arm: round((fastest[arm] - fastest["patched"]) * 1e3, 2) for arm in arms[1:]},
+        "paired_vs_patched_us": {
+            arm: round(
+                statistics.median(a - p for a, p in zip(block_medians[arm], block_medians["patched"], strict=True))
+                * 1e3,
+                2,
+            )
+            for arm in arms[1:]
+        },
+        "block_medians_us": {arm: [round(m * 1e3, 2) for m in block_medians[arm]] for arm in arms},
+        "samples_per_arm": len(cpu["patched"]),
     }
 
 
@@ -306,6 +362,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--activation", action="store_true", help="only the activation figures")
     mode.add_argument("--sync-local", action="store_true", help="only the sync path without a collective")
+    mode.add_argument(
+        "--recorder-split", action="store_true", help="--sync-local's round: where the recorder's cost goes (issue 33)"
+    )
     ap.add_argument("--rounds", type=int, default=150, help="--sync-local: rounds per block (default 150)")
     ap.add_argument("--blocks", type=int, default=40, help="--sync-local: blocks per arm (default 40)")
     ap.add_argument(
@@ -325,6 +384,17 @@ def main() -> None:
     args = parse_args()
     if args.activation:
         activation_only()
+        return
+    if args.recorder_split:
+        release = version("sglang")
+        root = args.recorder_root or tempfile.gettempdir()
+        result = {"sglang_version": release, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+                  "load_avg_before": os.getloadavg(), "recorder_root_fs": _fs_type(root),
+                  **recorder_split(rounds=args.rounds, blocks=args.blocks, recorder_root=root),
+                  "load_avg_after": os.getloadavg()}  # fmt: skip
+        out = args.out or HERE / "results" / f"recorder-split-{release}.json"
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result, indent=1))
         return
     if args.sync_local:
         release = version("sglang")

@@ -10,7 +10,9 @@ rank's setup). Never loaded by the tests or by ``simulate``.
     first;
   * the ``apply_no_monitor`` plugin command: ``apply``, with the monitor thread (heartbeat and stall watcher) never
     started in this process until the next command: the ``recorder_no_heartbeat`` arm, the A/A bracket of the
-    heartbeat. Every other command puts the monitor back first.
+    heartbeat. Every other command puts the monitor back first;
+  * the ``apply_private_ring`` plugin command: ``apply_no_monitor`` with the recorder's ring never mapped to a file
+    (``--recorder-split``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,29 @@ def install() -> None:
     rank.register_plugin_command("passthrough", functools.partial(_after_undoing_passthrough, _passthrough_seams))
     quiet_apply = _without_monitor(rank.PLUGIN_COMMANDS["apply"])
     rank.register_plugin_command("apply_no_monitor", functools.partial(_after_undoing_passthrough, quiet_apply))
+    private_ring = _with_private_ring(quiet_apply)
+    rank.register_plugin_command("apply_private_ring", functools.partial(_after_undoing_passthrough, private_ring))
+
+
+def _with_private_ring(apply: Callable[[rank.PluginRequest], dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``apply_no_monitor``, with the recorder's file never created: its ``open`` (an instance attribute here) only
+    marks it open, so every round's stores go to the ring's private buffer instead of the shared map
+    (``bench.py --recorder-split``)."""
+
+    def command(request: rank.PluginRequest) -> dict[str, Any]:
+        from sglang_dp_mtp_fix import recorder
+
+        result = apply(request)
+        rec = recorder.active()
+        if rec is not None:
+
+            def open_nothing(*args: Any, **kwargs: Any) -> None:
+                rec.opened = True
+
+            rec.open = open_nothing  # type: ignore[method-assign]
+        return result
+
+    return command
 
 
 def _without_monitor(apply: Callable[[rank.PluginRequest], dict[str, Any]]) -> Callable[..., dict[str, Any]]:
