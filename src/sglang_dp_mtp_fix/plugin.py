@@ -225,11 +225,14 @@ def check_startup_hazards(scheduler: Any, config: Config, manager: PatchManager 
             except Exception as exc:  # noqa: BLE001 - what the patch needs cannot be read: stock, never a crash
                 why = f"sglang-dp-mtp-fix: {patch.id} cannot start on this scheduler: {exc}"
                 _stand_down_group(manager, config, patch.id, why)
+    vote = status.get("draft_graph_vote")
+    if vote is not None and vote.status is Status.SUPERSEDED:
+        return  # SGLang's own vote decides (0.5.21+, the watch alone applied): the vote group's hazards are not checked
     for hazard in _startup_checks.CHECKS:
         check, fixed_by = hazard.check, hazard.fixed_by
         fix = status.get(fixed_by or "")
-        if fix is not None and fix.status in (Status.APPLIED, Status.SUPERSEDED):
-            continue  # the patch that removes this hazard runs on this scheduler, or SGLang carries its fix
+        if fix is not None and fix.status is Status.APPLIED:
+            continue  # the patch that removes this hazard runs on this scheduler
         try:
             line = check(scheduler)
         except Exception as exc:  # noqa: BLE001 - a diagnostic must never crash the host
