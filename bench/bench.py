@@ -385,25 +385,16 @@ def main() -> None:
     if args.activation:
         activation_only()
         return
-    if args.recorder_split:
+    if args.recorder_split or args.sync_local:
+        # the same round, two protocols: the six arms, or where the recorder's cost goes
+        run, name = (recorder_split, "recorder-split") if args.recorder_split else (sync_path_local, "sync-local")
         release = version("sglang")
         root = args.recorder_root or tempfile.gettempdir()
         result = {"sglang_version": release, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
                   "load_avg_before": os.getloadavg(), "recorder_root_fs": _fs_type(root),
-                  **recorder_split(rounds=args.rounds, blocks=args.blocks, recorder_root=root),
+                  **run(rounds=args.rounds, blocks=args.blocks, recorder_root=root),
                   "load_avg_after": os.getloadavg()}  # fmt: skip
-        out = args.out or HERE / "results" / f"recorder-split-{release}.json"
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        print(json.dumps(result, indent=1))
-        return
-    if args.sync_local:
-        release = version("sglang")
-        root = args.recorder_root or tempfile.gettempdir()
-        result = {"sglang_version": release, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-                  "load_avg_before": os.getloadavg(), "recorder_root_fs": _fs_type(root),
-                  **sync_path_local(rounds=args.rounds, blocks=args.blocks, recorder_root=root),
-                  "load_avg_after": os.getloadavg()}  # fmt: skip
-        out = args.out or HERE / "results" / f"sync-local-{release}.json"
+        out = args.out or HERE / "results" / f"{name}-{release}.json"
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
         return
