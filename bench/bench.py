@@ -94,15 +94,13 @@ def sync_path_local(rounds: int, blocks: int = 10, recorder_root: str | None = N
         "stock": "restore", "stock_again": "restore", "passthrough": "passthrough",
         "patched": {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": ""}},
     }  # fmt: skip
-    cpu: dict[str, list[float]] = {arm: [] for arm in arms}
-    block_medians: dict[str, list[float]] = {arm: [] for arm in arms}
     env = {"SGLANG_PLUGINS": "dp_mtp_fix", EXTENSION_ENV: str(HERE / "harness_ext.py")}
     recorder_command = {"recorder": "apply", "recorder_no_heartbeat": "apply_no_monitor"}
     with RankPool(2, load_plugins=True, env=env) as pool:
         seams = pool.plugin("passthrough")[0]["seams"]
         pool.plugin("restore")
-        _interleaved_blocks(pool, arms, command, recorder_command, recorder_root, states, warm, blocks, cpu,
-                            block_medians)  # fmt: skip
+        cpu, block_medians = _interleaved_blocks(pool, arms, command, recorder_command, recorder_root, states, warm,
+                                                 blocks)  # fmt: skip
     med = {arm: statistics.median(v) for arm, v in cpu.items()}
     # Each arm's block median against the stock block of the same rotation (seconds apart).
     block_ratios = {
@@ -153,11 +151,12 @@ def _interleaved_blocks(
     states: list[list[dict]],
     warm: list[list[dict]],
     blocks: int,
-    cpu: dict[str, list[float]],
-    block_medians: dict[str, list[float]],
-) -> None:
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """The rounds of ``--sync-local``: interleaved blocks, the arm order rotated, a short uncounted warm-up after each
-    switch; a recorder arm (``recorder_command``: its plugin command) gets a fresh directory per block."""
+    switch; a recorder arm (``recorder_command``: its plugin command) gets a fresh directory per block. Returns each
+    arm's round CPU times and its block medians."""
+    cpu: dict[str, list[float]] = {arm: [] for arm in arms}
+    block_medians: dict[str, list[float]] = {arm: [] for arm in arms}
     pool.rounds(states, collective=False)  # warm-up: first-call costs out of the figures
     for block in range(blocks):
         for arm in arms[block % len(arms) :] + arms[: block % len(arms)]:
@@ -173,6 +172,7 @@ def _interleaved_blocks(
             cpu[arm].extend(got)
             block_medians[arm].append(statistics.median(got))
     pool.plugin("restore")
+    return cpu, block_medians
 
 
 def recorder_split(rounds: int, blocks: int, recorder_root: str | None = None) -> dict:
@@ -189,12 +189,10 @@ def recorder_split(rounds: int, blocks: int, recorder_root: str | None = None) -
     patched = {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": ""}}
     command: dict[str, Any] = {"patched": patched, "patched_again": patched}
     recorder_command = {"recorder_no_heartbeat": "apply_no_monitor", "recorder_private_ring": "apply_private_ring"}
-    cpu: dict[str, list[float]] = {arm: [] for arm in arms}
-    block_medians: dict[str, list[float]] = {arm: [] for arm in arms}
     env = {"SGLANG_PLUGINS": "dp_mtp_fix", EXTENSION_ENV: str(HERE / "harness_ext.py")}
     with RankPool(2, load_plugins=True, env=env) as pool:
         pool.plugin("restore")
-        _interleaved_blocks(pool, arms, command, recorder_command, root, states, warm, blocks, cpu, block_medians)
+        cpu, block_medians = _interleaved_blocks(pool, arms, command, recorder_command, root, states, warm, blocks)
     fastest = {arm: min(v) for arm, v in block_medians.items()}
     return {
         "fastest_block_us": {arm: round(v * 1e3, 2) for arm, v in fastest.items()},

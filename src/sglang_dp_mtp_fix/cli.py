@@ -74,8 +74,9 @@ def doctor_report() -> tuple[dict[str, Any], int]:
         # whatever the switches say.)
         underlying = plan(all_patches(), Config(mode=Mode.AUTO)).check_deferred_all().outcomes
         data["without_switches"] = [o.as_dict() for o in underlying]
-        if {o.status for o in underlying if o.id in fixing} <= {Status.SUPERSEDED, Status.NOT_AFFECTED}:
-            statuses = {o.status for o in underlying if o.id in fixing}
+        fixing_underlying = {o.status for o in underlying if o.id in fixing}
+        if fixing_underlying <= {Status.SUPERSEDED, Status.NOT_AFFECTED}:
+            statuses = fixing_underlying
     fixed_or_clean = statuses <= {Status.APPLIED, Status.SUPERSEDED, Status.NOT_AFFECTED}
     would_patch = Status.APPLIED in statuses
     code = 0 if fixed_or_clean and (selected or not would_patch) else 1
