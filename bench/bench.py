@@ -210,6 +210,48 @@ def recorder_split(rounds: int, blocks: int, recorder_root: str | None = None) -
     }
 
 
+def recorder_rounds(cycles: int, epochs: int, recorder_root: str | None = None) -> dict:
+    """The recorder's cost per round, round by round (issue 33): ``--sync-local``'s round on rank 0, three
+    configurations applied once per epoch, their rounds interleaved one by one (``harness_ext.interleaved_rounds``):
+    patched, ``patched_again`` (its A/A pair: the estimator's own resolution) and the recorder (the file really
+    mapped, the heartbeat thread running in the process, which all arms share). Estimator: the median over cycles of
+    each arm's round minus patched's round of the same cycle."""
+    from sglang_dp_mtp_fix.harness.pool import RankPool
+    from sglang_dp_mtp_fix.harness.rank import EXTENSION_ENV
+
+    directory = tempfile.mkdtemp(prefix="sdmf-bench-recorder-", dir=recorder_root)
+    patched = {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": ""}}
+    recording = {"command": "apply", "env": {"SGLANG_DP_MTP_FIX_RECORDER_DIR": directory}}
+    arms = [["patched", patched], ["patched_again", patched], ["recorder", recording]]
+    states = [SEEDED if i % 5 else SEEDLESS for i in range(50)]
+    warm = 50
+    payload = {"arms": arms, "states": states, "cycles": cycles, "epochs": epochs, "warm": warm, "seed": 33}
+    env = {"SGLANG_PLUGINS": "dp_mtp_fix", EXTENSION_ENV: str(HERE / "harness_ext.py")}
+    with RankPool(2, load_plugins=True, env=env) as pool:
+        pool.plugin("restore")
+        pool.rounds([states, []], collective=False)  # first-call costs out of the figures
+        idle = {"arms": arms, "states": [], "cycles": 0, "epochs": 0, "warm": 0}
+        got = pool._send("interleaved_rounds", [payload, idle], timeout=3600)[0]  # noqa: SLF001 - bench-only command
+    expected = epochs * (warm + cycles)
+    if got["recorded"] != expected:  # a hollow run: the recorder arm did not record each of its rounds (or others did)
+        raise SystemExit(f"recorder arm recorded {got['recorded']} rounds into its file, expected {expected}")
+    times = got["times"]
+    base = times["patched"]
+    diffs = {arm: sorted(a - b for a, b in zip(v, base, strict=True)) for arm, v in times.items() if arm != "patched"}
+    cut = len(base) // 10
+    return {
+        "protocol": f"{epochs} epochs x {cycles} cycles, one round of each arm per cycle in a shuffled order",
+        "recorded_rounds": got["recorded"],
+        "median_round_us": {arm: round(statistics.median(v), 2) for arm, v in times.items()},
+        "p10_round_us": {arm: round(statistics.quantiles(v, n=10)[0], 2) for arm, v in times.items()},
+        "paired_median_vs_patched_us": {arm: round(statistics.median(d), 2) for arm, d in diffs.items()},
+        "paired_trimmed_mean_vs_patched_us": {
+            arm: round(statistics.mean(d[cut : len(d) - cut]), 2) for arm, d in diffs.items()
+        },
+        "rounds_per_arm": len(base),
+    }
+
+
 def can_run_graph_time() -> dict:
     """In-process timing of the real can_run_graph on the real class (stand-in instance), stock vs patched, and
     patched with the flight recorder on (``recorder``: the round's path is marked unwritten before each call, so every
@@ -363,8 +405,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument(
         "--recorder-split", action="store_true", help="--sync-local's round: where the recorder's cost goes (issue 33)"
     )
+    mode.add_argument(
+        "--recorder-rounds", action="store_true", help="--sync-local's round: the recorder's cost, rounds interleaved"
+    )
     ap.add_argument("--rounds", type=int, default=150, help="--sync-local: rounds per block (default 150)")
     ap.add_argument("--blocks", type=int, default=40, help="--sync-local: blocks per arm (default 40)")
+    ap.add_argument("--cycles", type=int, default=2000, help="--recorder-rounds: cycles per epoch (default 2000)")
+    ap.add_argument("--epochs", type=int, default=4, help="--recorder-rounds: epochs (default 4)")
     ap.add_argument(
         "--out", type=Path, default=None, help="--sync-local: write here (default results/sync-local-<release>.json)"
     )
@@ -383,14 +430,17 @@ def main() -> None:
     if args.activation:
         activation_only()
         return
-    if args.recorder_split or args.sync_local:
-        # the same round, two protocols: the six arms, or where the recorder's cost goes
-        run, name = (recorder_split, "recorder-split") if args.recorder_split else (sync_path_local, "sync-local")
+    if args.recorder_split or args.sync_local or args.recorder_rounds:
+        # the same round, three protocols: the six arms, where the recorder's cost goes, or rounds interleaved
         release = version("sglang")
         root = args.recorder_root or tempfile.gettempdir()
+        if args.recorder_rounds:
+            name, figures = "recorder-rounds", recorder_rounds(args.cycles, args.epochs, recorder_root=root)
+        else:
+            run, name = (recorder_split, "recorder-split") if args.recorder_split else (sync_path_local, "sync-local")
+            figures = run(rounds=args.rounds, blocks=args.blocks, recorder_root=root)
         result = {"sglang_version": release, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-                  "load_avg_before": os.getloadavg(), "recorder_root_fs": _fs_type(root),
-                  **run(rounds=args.rounds, blocks=args.blocks, recorder_root=root),
+                  "load_avg_before": os.getloadavg(), "recorder_root_fs": _fs_type(root), **figures,
                   "load_avg_after": os.getloadavg()}  # fmt: skip
         out = args.out or HERE / "results" / f"{name}-{release}.json"
         out.write_text(json.dumps(result, indent=1) + "\n")

@@ -12,13 +12,16 @@ rank's setup). Never loaded by the tests or by ``simulate``.
     started in this process until the next command: the ``recorder_no_heartbeat`` arm, the A/A bracket of the
     heartbeat. Every other command puts the monitor back first;
   * the ``apply_private_ring`` plugin command: ``apply_no_monitor`` with the recorder's ring never mapped to a file
-    (``--recorder-split``).
+    (``--recorder-split``);
+  * the ``interleaved_rounds`` command: several plugin configurations applied once each, then their rounds
+    interleaved one by one (``--recorder-rounds``).
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +48,76 @@ def install() -> None:
     rank.register_plugin_command("apply_no_monitor", functools.partial(_after_undoing_passthrough, quiet_apply))
     private_ring = _with_private_ring(quiet_apply)
     rank.register_plugin_command("apply_private_ring", functools.partial(_after_undoing_passthrough, private_ring))
+    rank.register_command("interleaved_rounds", interleaved_rounds)
+
+
+# (owner, attribute, value) of every attribute one plugin configuration sets, its ``from X import Y`` copies included
+Snapshot = list[tuple[Any, str, Any]]
+
+
+def _snapshot() -> Snapshot:
+    """The live values of every attribute the plugin replaced in this process (bench only: the manager's own
+    records, which carry the re-pointed copies the public ``changes()`` view leaves out)."""
+    from sglang_dp_mtp_fix import plugin as p
+
+    out: Snapshot = []
+    for ch in p.get_manager()._changes._changes:  # noqa: SLF001
+        out.append((ch.owner, ch.attr, ch.new))
+        out.extend((mod, name, ch.new) for mod, name in ch.rebinds)
+    return out
+
+
+def _switch(snapshot: Snapshot) -> None:
+    for owner, attr, value in snapshot:
+        setattr(owner, attr, value)
+
+
+def interleaved_rounds(payload: dict[str, Any]) -> dict[str, Any]:
+    """``--recorder-rounds``: per epoch, apply each configuration of ``arms`` (``[name, plugin request]``, the last one
+    the recorder's: applying another closes the recorder) and keep its attributes; then ``cycles`` cycles, each one
+    round of every arm in a shuffled order, each round preceded by switching the attributes to its arm's. Rounds that
+    follow one another are seconds apart in the block protocol and microseconds apart here, so slow drifts of a shared
+    host cancel in each cycle's differences. Returns each arm's round CPU times (µs) by cycle, and what the recorder
+    wrote (so a hollow run, one whose recorder arm never recorded, is refused by the caller)."""
+    from sglang_dp_mtp_fix import recorder
+
+    arms, states = payload["arms"], payload["states"]
+    times: dict[str, list[float]] = {name: [] for name, _ in arms}
+    if not states:
+        return {"times": times, "recorded": 0}
+    rng = random.Random(payload.get("seed", 0))
+    names = [name for name, _ in arms]
+    recorded = 0
+    for epoch in range(payload["epochs"]):
+        # the patched arms in a rotated order each epoch (where each one's objects land in memory moves with it)
+        first = arms[:-1][epoch % max(1, len(arms) - 1) :] + arms[:-1][: epoch % max(1, len(arms) - 1)]
+        snapshots: dict[str, Snapshot] = {}
+        for name, request in [*first, arms[-1]]:
+            rank.plugin(request)
+            snapshots[name] = _snapshot()
+        seams = {name: [(id(o), a) for o, a, _ in snap] for name, snap in snapshots.items()}
+        if any(s != seams[names[0]] for s in seams.values()):
+            raise RuntimeError("the arms do not replace the same attributes: not one round measured two ways")
+        rec = recorder.active()
+        before = rec.round if rec is not None else 0
+        order = list(names)
+        gc.collect()
+        gc.disable()
+        try:
+            for cycle in range(payload["warm"] + payload["cycles"]):
+                rng.shuffle(order)
+                for name in order:
+                    _switch(snapshots[name])
+                    result = rank.run_round(states[cycle % len(states)])
+                    if cycle >= payload["warm"]:
+                        times[name].append(result.round_cpu_ms * 1e3)
+        finally:
+            gc.enable()
+            _switch(snapshots[names[-1]])  # leave the last-applied configuration live, as the manager knows it
+        if rec is not None and rec.path is not None:
+            recorded += rec.round - before
+    rank.plugin("restore")
+    return {"times": times, "recorded": recorded}
 
 
 def _with_private_ring(apply: Callable[[rank.PluginRequest], dict[str, Any]]) -> Callable[..., dict[str, Any]]:
