@@ -38,3 +38,23 @@ def test_a_page_whose_batches_stopped_settles_although_each_scrape_counts_itself
     page = launchlib.Server.settled_metrics(object.__new__(launchlib.Server))
     assert time.monotonic() - t0 < launchlib.SETTLE_QUIET_S + 5, "waited for counters that move on their own"
     assert 'dp_mtp_fix_decode_batches_total{dp_rank="0"} 3.0' in page
+
+
+def test_every_launch_gives_sglang_its_store_port_from_outside_the_ephemeral_range():
+    """Read back by SGLang's own parser: the rank-0 TCP store's port is ours, never one SGLang takes from the
+    kernel's ephemeral range (where an outgoing connection can take it first); a test's own ``--nccl-port`` wins."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_dp_mtp_fix.harness import ports
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    port = launchlib.free_port_block()
+    args = parser.parse_args(launchlib.server_argv(port)[3:])
+    low, high = ports._ephemeral_range()
+    assert args.port == port
+    assert args.nccl_port is not None and not low <= args.nccl_port <= high, args.nccl_port
+    own = launchlib.server_argv(port, ["--nccl-port", "12345"])
+    assert parser.parse_args(own[3:]).nccl_port == 12345 and own.count("--nccl-port") == 1

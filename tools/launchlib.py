@@ -293,6 +293,16 @@ class Server:
             return list(pool.map(lambda ik: self.generate(ik[1], 1000 + ik[0]), enumerate(prompts)))
 
 
+def server_argv(port: int, extra_args: Sequence[str] = (), pd: bool = True) -> list[str]:
+    """The command line of one launch on ``port``. Its ``--nccl-port`` comes from the allocator too: left unset,
+    0.5.15-0.5.20 pick the rank-0 TCP store's port by binding port 0 (the kernel's ephemeral range) and bind it again
+    seconds later, and an outgoing connection can take it in between (seen in CI: ``EADDRINUSE`` on port 44241, the
+    scheduler dead at start-up). 0.5.23 picks it below the ephemeral range itself."""
+    nccl = [] if "--nccl-port" in extra_args else ["--nccl-port", str(free_port_block((0,)))]
+    return [sys.executable, "-m", "sglang.launch_server", *SHAPE, *(PD_DECODE if pd else []), "--port", str(port),
+            *nccl, *extra_args]  # fmt: skip
+
+
 def start_server(
     name: str,
     log_dir: Path,
@@ -305,16 +315,7 @@ def start_server(
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sglang.launch_server",
-                *SHAPE,
-                *(PD_DECODE if pd else []),
-                "--port",
-                str(port),
-                *extra_args,
-            ],  # fmt: skip
+            server_argv(port, extra_args, pd),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
