@@ -176,6 +176,29 @@ def write_rank(directory: Path, rank: int, size: int, paths: list[int], capacity
     return rec
 
 
+def test_a_round_stored_as_words_is_the_record_layout_byte_for_byte(tmp_path):
+    """The writer stores 64-bit words (``recfile``, below ``RECORD``); the reader unpacks ``RECORD``: the same bytes, a
+    negative bucket and a tokens count above 16 bits included, in a ring that has wrapped."""
+    import struct
+
+    from sglang_dp_mtp_fix import recfile
+
+    rec = recorder.Recorder(str(tmp_path), 4)
+    rec.open(None, ranks=(0, 1, 0, 1, 0))
+    try:
+        for path, bucket in [(GRAPH, 8)] * 5 + [(EAGER, -1)]:  # round 6 goes to the ring's second slot
+            rec.enter()
+            rec.sync(70_000 + rec.round, 7, ALL_YES)
+            rec.draft_path(path, bucket)
+        off = recfile.HEADER_SIZE + recfile.RECORD.size
+        raw = bytes(rec.buf[off : off + recfile.RECORD.size])
+    finally:
+        rec.close()
+    (ns,) = struct.unpack_from("<q", raw, 8)
+    assert raw == recfile.RECORD.pack(6, ns, 70_006, 7, ALL_YES, 6, -1, EAGER, 6)
+    assert 0 < ns <= time.monotonic_ns()
+
+
 WRITER = """
 import sys
 from sglang_dp_mtp_fix import recorder

@@ -22,11 +22,11 @@ offset header (``HEADER_SIZE`` bytes)
 248    the MLP-sync round this rank entered last (u64, kept current by the main thread)
 ====== ======================================================================================================
 
-Then ``capacity`` records of ``RECORD``, written in turn. A round's record is one ``pack_into`` (``SYNC``) that starts
-and ends with the round number (struct writes the fields in order), so a record cut by a kill has two different copies
-and is detected, never taken for an older one. The draft path is known later in the round (the draft runner's
-``can_run_graph``): a second ``pack_into`` (``PATH``) whose last field is the round again. The reader reads the file
-twice and keeps only records identical in both reads (a record being written meanwhile is skipped).
+Then ``capacity`` records of ``RECORD``, written in turn. The writer stores a round's ``SYNC`` as four 64-bit words
+in order through one view of the map (words 0-3, below ``RECORD``), the round number first and last, so a record cut
+by a kill has two different copies and is detected, never taken for an older one. The draft path is known later in the
+round (the draft runner's ``can_run_graph``): ``PATH``'s words 4 and 5, the round again last. The reader reads the
+file twice and keeps only records identical in both reads (a record being written meanwhile is skipped).
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ assert HEARTBEAT_OFFSET + HEARTBEAT.size == ENTERED_OFFSET
 RECORD = struct.Struct("<QqiBB2xQiB3xQ")
 SYNC = struct.Struct("<QqiBB2xQ")  # at the record's offset 0
 PATH = struct.Struct("<iB3xQ")  # at offset SYNC.size
+# The same layout as the writer stores it: 64-bit little-endian words, in this order. SYNC: round (word 0),
+# monotonic ns (1), tokens | mode << MODE_SHIFT | flags << FLAGS_SHIFT (2: SYNC's i, B, B and pad), round (3). PATH:
+# bucket (as u32) | path << PATH_SHIFT (4), round (5). A record starts on a word (HEADER_SIZE, RECORD.size: 8 | both).
+MODE_SHIFT, FLAGS_SHIFT, PATH_SHIFT = 32, 40, 32
+U32 = 0xFFFFFFFF
 
 FILE_GLOB = re.compile(r"^sglang-dp-mtp-fix-.*\.rec$")
 

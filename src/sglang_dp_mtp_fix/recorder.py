@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ctypes
 import functools
 import logging
 import mmap
@@ -41,20 +40,24 @@ from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV, Config
 from sglang_dp_mtp_fix.recfile import (
     CAPACITY,
     ENTERED_OFFSET,
+    FLAGS_SHIFT,
     FORMAT_VERSION,
     GROUP_DRAFT,
     GROUP_GENERIC,
     HEADER,
     HEADER_SIZE,
     MAGIC,
+    MODE_SHIFT,
     PATH,
     PATH_EAGER,
     PATH_GRAPH,
+    PATH_SHIFT,
     RECORD,
     RUNNER_GATHERS,
     SENT_DRAFT,
     SENT_GENERIC,
     SYNC,
+    U32,
 )
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
@@ -110,10 +113,8 @@ class Recorder:
         self.recorded_round = 0  # the round of the latest record
         self.path_round = 0  # the round whose draft path is recorded
         self.sent_generic = SENT_GENERIC
-        self.next_offset = HEADER_SIZE  # where the next record goes
-        self.last_offset = HEADER_SIZE
-        self.buf: Any = bytearray(self.size)
-        self.entered = ctypes.c_uint64.from_buffer(self.buf, ENTERED_OFFSET)
+        self.word = self.size // 8 - RECORD_WORDS  # the latest record's first word (none yet: the next goes first)
+        self._use(bytearray(self.size))
         self.opened = False
         self.path: str | None = None
         self.dp_rank = -1
@@ -151,9 +152,10 @@ class Recorder:
         recfile.PROC_START.pack_into(mm, recfile.PROC_START_OFFSET, recfile.proc_start_ticks())
         mm[recfile.BOOT_ID_OFFSET : recfile.BOOT_ID_OFFSET + recfile.BOOT_ID_SIZE] = recfile.boot_id()
         mm[0:8] = MAGIC  # last: a reader never takes a half-written header for a whole one
-        entered = ctypes.c_uint64.from_buffer(mm, ENTERED_OFFSET)
-        entered.value = self.entered.value
-        self.buf, self.entered, self.path = mm, entered, path
+        entered = self.u64[ENTERED_WORD]
+        self._use(mm)
+        self.u64[ENTERED_WORD] = entered
+        self.path = path
         _open_recorders.add(self)
         if self is _active:
             from sglang_dp_mtp_fix import monitor
@@ -165,7 +167,7 @@ class Recorder:
         """The draft path and bucket recorded for ``round_`` when it is the latest record (the stall line)."""
         if round_ == 0 or round_ != self.recorded_round:
             return "none", None
-        bucket, code, stamp = PATH.unpack_from(self.buf, self.last_offset + SYNC.size)
+        bucket, code, stamp = PATH.unpack_from(self.buf, self.word * 8 + SYNC.size)
         if stamp != round_:
             return "unknown", None  # no draft-runner decision recorded for it (yet, or no graph runner)
         return recfile.PATH_NAMES.get(code & 3, "?"), bucket
@@ -173,39 +175,52 @@ class Recorder:
     def detach(self) -> None:
         """After a fork, in the child: the parent's map is the parent's. The child's next round is its first: it opens
         a file of its own (``instrument``'s ``_get_local_tensor`` opens at round 1)."""
-        self.buf = bytearray(self.size)  # the inherited map is dropped, never closed (the parent's ctypes view)
-        self.entered = ctypes.c_uint64.from_buffer(self.buf, ENTERED_OFFSET)
+        self._use(bytearray(self.size))  # the inherited map is dropped, never closed (the parent's views of it)
         self.path, self.opened = None, False
         self.round = self.recorded_round = self.path_round = 0
-        self.next_offset = self.last_offset = HEADER_SIZE
+        self.word = self.size // 8 - RECORD_WORDS
 
     def close(self) -> None:
         """Tests: unmap the file (its content stays)."""
-        buf, self.buf = self.buf, bytearray(self.size)
-        self.entered = ctypes.c_uint64.from_buffer(self.buf, ENTERED_OFFSET)  # drops the map's last export
+        buf, view = self.buf, self.u64
+        self._use(bytearray(self.size))
+        view.release()  # the map's export: a map with one left cannot close
         if isinstance(buf, mmap.mmap):
             buf.close()
 
-    # -- a round's stores (hot path: one pack_into each, no syscall) ---------------------------------------------
+    def _use(self, buf: Any) -> None:
+        """Write into ``buf`` from now on, through its view as 64-bit words (``recfile``: the record's words)."""
+        self.buf = buf
+        self.u64 = memoryview(buf).cast("Q")
+
+    # -- a round's stores (hot path: plain stores through the views, no syscall) -----------------------------------
     def enter(self) -> None:
         """A new MLP-sync round (counted on every rank alike, module doc)."""
         n = self.round = self.round + 1
-        self.entered.value = n
+        self.u64[ENTERED_WORD] = n
 
     def sync(self, tokens: int, mode: int, flags: int) -> None:
-        """This round's decisions, once the gathered result reached a batch on this rank."""
+        """This round's decisions, once the gathered result reached a batch on this rank (``instrument`` inlines it)."""
         r = self.recorded_round = self.round
-        off = self.last_offset = self.next_offset
-        self.next_offset = off + RECORD.size if off + RECORD.size < self.size else HEADER_SIZE
-        SYNC.pack_into(self.buf, off, r, time.monotonic_ns(), tokens, mode, flags, r)
+        w = self.word + RECORD_WORDS
+        if w * 8 >= self.size:
+            w = HEADER_WORDS
+        u64, self.word = self.u64, w
+        u64[w] = r
+        u64[w + 1] = time.monotonic_ns()
+        u64[w + 2] = tokens & U32 | mode << MODE_SHIFT | flags << FLAGS_SHIFT
+        u64[w + 3] = r
 
     def draft_path(self, path: int, bucket: int) -> None:
         """The draft path of the round in progress (into its record, when it has one)."""
         r = self.path_round = self.round
         if self.recorded_round == r:
-            PATH.pack_into(self.buf, self.last_offset + SYNC.size, bucket, path, r)
+            w = self.word
+            self.u64[w + 4] = bucket & U32 | path << PATH_SHIFT
+            self.u64[w + 5] = r
 
 
+ENTERED_WORD, HEADER_WORDS, RECORD_WORDS = ENTERED_OFFSET // 8, HEADER_SIZE // 8, RECORD.size // 8
 _open_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
 
 
@@ -268,7 +283,7 @@ def instrument(
         load_problem = f"sglang-dp-mtp-fix: flight recorder off: {problem}"
         return local_row, update_batch, runner_gate
     rec = _active = Recorder(config.recorder_dir)
-    record_size, end, pack_sync, monotonic_ns = RECORD.size, rec.size, SYNC.pack_into, time.monotonic_ns
+    end_word, monotonic_ns = rec.size // 8, time.monotonic_ns
 
     # SGLang's own signatures, not (*args, **kwargs): forwarding those costs ~0.7 us a frame on the bench host, the
     # recorder's whole budget. Their callers (all_gather, finalize_local, prepare_mlp_sync_batch_raw) are fingerprinted
@@ -278,7 +293,7 @@ def instrument(
         n = rec.round = rec.round + 1  # once per gathered round on every rank (module doc)
         if n == 1:
             rec.open(self)
-        rec.entered.value = n
+        rec.u64[ENTERED_WORD] = n
         rec.sent_generic = SENT_GENERIC if getattr(self, decode_field) else 0
         if dtype is _UNSET:
             return local_row(self, device)
@@ -300,9 +315,15 @@ def instrument(
             flags |= GROUP_DRAFT
         # Recorder.sync, inlined (a method call is a tenth of the budget here)
         r = rec.recorded_round = rec.round
-        off = rec.last_offset = rec.next_offset
-        rec.next_offset = off + record_size if off + record_size < end else HEADER_SIZE
-        pack_sync(rec.buf, off, r, monotonic_ns(), mlp_sync_info.num_tokens, batch.forward_mode, flags, r)
+        w = rec.word + RECORD_WORDS
+        if w >= end_word:
+            w = HEADER_WORDS
+        u64 = rec.u64
+        rec.word = w
+        u64[w] = r
+        u64[w + 1] = monotonic_ns()
+        u64[w + 2] = mlp_sync_info.num_tokens & U32 | batch.forward_mode << MODE_SHIFT | flags << FLAGS_SHIFT
+        u64[w + 3] = r
         return result
 
     def can_run_graph(self: Any, forward_batch: Any) -> Any:
