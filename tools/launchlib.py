@@ -296,8 +296,8 @@ class Server:
 def server_argv(port: int, extra_args: Sequence[str] = (), pd: bool = True) -> list[str]:
     """The command line of one launch on ``port``. Its ``--nccl-port`` comes from the allocator too: left unset,
     0.5.15-0.5.20 pick the rank-0 TCP store's port by binding port 0 (the kernel's ephemeral range) and bind it again
-    seconds later, and an outgoing connection can take it in between (seen in CI: ``EADDRINUSE`` on port 44241, the
-    scheduler dead at start-up). 0.5.23 picks it below the ephemeral range itself."""
+    seconds later, and an outgoing connection can take it in between (``EADDRINUSE``, the scheduler dead at start-up).
+    0.5.23 picks it below the ephemeral range itself."""
     nccl = [] if "--nccl-port" in extra_args else ["--nccl-port", str(free_port_block((0,)))]
     return [sys.executable, "-m", "sglang.launch_server", *SHAPE, *(PD_DECODE if pd else []), "--port", str(port),
             *nccl, *extra_args]  # fmt: skip

@@ -56,7 +56,8 @@ SYNC = struct.Struct("<QqiBB2xQ")  # at the record's offset 0
 PATH = struct.Struct("<iB3xQ")  # at offset SYNC.size
 # The same layout as the writer stores it: 64-bit little-endian words, in this order. SYNC: round (word 0),
 # monotonic ns (1), tokens | mode << MODE_SHIFT | flags << FLAGS_SHIFT (2: SYNC's i, B, B and pad), round (3). PATH:
-# bucket (as u32) | path << PATH_SHIFT (4), round (5). A record starts on a word (HEADER_SIZE, RECORD.size: 8 | both).
+# bucket (as u32) | path << PATH_SHIFT (4), round (5). Every record starts on a word:
+assert HEADER_SIZE % 8 == 0 and RECORD.size % 8 == 0 and ENTERED_OFFSET % 8 == 0
 MODE_SHIFT, FLAGS_SHIFT, PATH_SHIFT = 32, 40, 32
 U32 = 0xFFFFFFFF
 
