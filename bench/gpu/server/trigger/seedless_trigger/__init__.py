@@ -34,7 +34,9 @@ the plugin's ``dsa_decode_trim`` / ``dsa_idle_index`` wrappers where applied; th
 Knobs: ``SEEDLESS_TRIGGER_INIT_COMMS=1`` runs one 1-element all-reduce on the device group of every SGLang group of
 more than one rank at that same point on every rank, so that torch's NCCL communicators exist before the first
 request (the steady state of a server that ran an eager collective before; torch creates them lazily).
-``SEEDLESS_TRIGGER_CPU_VOTE=1`` (CPU dry runs only) makes a ``--disable-cuda-graph`` launch carry the graph vote.
+``SEEDLESS_TRIGGER_TIME_DRAFT=1`` records each draft step's GPU time (CUDA events) and host time by path
+(``draft-time``). ``SEEDLESS_TRIGGER_CPU_VOTE=1`` (CPU dry runs only) makes
+a ``--disable-cuda-graph`` launch carry the graph vote.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -61,6 +64,7 @@ def register() -> None:
     # kept referenced for the life of the process: faulthandler writes to its descriptor from the signal handler
     _state["stack_file"] = open(os.path.join(records, f"stack-{os.getpid()}.txt"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=_state["stack_file"], all_threads=True)
+    _dump_on_request(records)
 
     if os.environ.get("SEEDLESS_TRIGGER_OBSERVE_ONLY") != "1":
         _install_trigger()
@@ -118,6 +122,8 @@ def _observe(scheduler: Any, records: str) -> None:
         _cpu_vote()
     if os.environ.get("SEEDLESS_TRIGGER_DSA") == "1":
         _observe_dsa()
+    if os.environ.get("SEEDLESS_TRIGGER_TIME_DRAFT") == "1" and worker is not None:
+        _time_draft(worker)
 
     # 0.5.16+: a module function that EagleDraftWorker.draft calls by name; 0.5.15.post1: a method of the draft worker
     owner = eagle_worker_v2 if "prepare_for_draft" in eagle_worker_v2.__dict__ else worker
@@ -133,6 +139,50 @@ def _observe(scheduler: Any, records: str) -> None:
         return forward_batch, can_run
 
     owner.prepare_for_draft = prepare_for_draft
+
+
+def _dump_on_request(records: str) -> None:
+    """A second way to each thread's stack: a daemon thread that, when ``dump-<pid>.req`` appears, writes
+    ``faulthandler.dump_traceback`` to ``stack-<pid>-thread.txt``. It needs the GIL, which a rank blocked in NCCL,
+    gloo or a CUDA wait has released; the SIGUSR1 file came back empty in the DP4/DP8 probes of 2026-12-07."""
+    request = os.path.join(records, f"dump-{os.getpid()}.req")
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.path.exists(request):
+                with open(os.path.join(records, f"stack-{os.getpid()}-thread.txt"), "a") as f:
+                    faulthandler.dump_traceback(file=f, all_threads=True)
+                    f.write("\n")
+                os.unlink(request)
+
+    threading.Thread(target=watch, name="seedless-trigger-dump", daemon=True).start()
+
+
+def _time_draft(worker: Any) -> None:
+    """Each draft step's own time, by path: CUDA events around ``EagleDraftWorker.draft`` (read a step later, when
+    the end event has completed, so the observer adds no synchronisation) and the host time of the call."""
+    import torch
+
+    draft = worker.draft
+    pending: list[tuple[int, str, Any, Any, float]] = []
+
+    @functools.wraps(draft)
+    def timed_draft(*args: Any, **kwargs: Any) -> Any:
+        while pending and pending[0][3].query():
+            step, path, start, end, host_ms = pending.pop(0)
+            _write({"kind": "draft-time", "rank": _state["rank"], "step": step, "path": path,
+                    "gpu_ms": round(start.elapsed_time(end), 4), "host_ms": host_ms})  # fmt: skip
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
+        start.record()
+        out = draft(*args, **kwargs)
+        end.record()
+        host_ms = round(1000 * (time.perf_counter() - t), 4)
+        pending.append((_state["step"], _state.get("path", "?"), start, end, host_ms))
+        return out
+
+    worker.draft = timed_draft
 
 
 def _create_torch_communicators(rank: int) -> None:
@@ -174,11 +224,12 @@ def _record(draft_input: Any, batch: Any, forward_batch: Any, can_run: Any) -> N
     guard = bool(can_run) and not idle and seeding and seed is None  # EagleDraftWorker.draft's own test
     gnt = forward_batch.global_num_tokens_cpu
     reqs = batch.reqs or []
+    _state["path"] = "graph" if can_run and not guard else "eager"
     _write({"kind": "draft", "rank": _state["rank"], "step": _state["step"], "t": round(time.time(), 4),
             "mode": forward_batch.forward_mode.name, "bs": len(reqs), "rids": [str(r.rid) for r in reqs][:8],
             "global_num_tokens": None if gnt is None else list(gnt),
             "seed": None if seed is None else list(seed.shape), "can_run": bool(can_run),
-            "stock_guard_eager": guard, "path": "graph" if can_run and not guard else "eager"})  # fmt: skip
+            "stock_guard_eager": guard, "path": _state["path"]})  # fmt: skip
 
 
 def _observe_dsa() -> None:
