@@ -172,8 +172,23 @@ def run_arm(s: Server, arm: str, records: str, recorder: str) -> dict[str, Any]:
     )  # fmt: skip
     rec["by_rate"] = by_rate(rec["phases"])
     rec.update(profiled)
+    rec["draft_extend"] = draft_extend(records)
     rec["rollcall"] = rollcall(recorder)
     return rec
+
+
+def draft_extend(records: str) -> dict[str, Any]:
+    """#33973, per rank: is there a draft-extend graph, and the draft-extend backend's eager metadata calls (how many
+    took the host-sync branch, how long they held the host)."""
+    recs = read_records(records)
+    graph = {r["rank"]: r.get("draft_extend_graph") for r in recs if r["kind"] == "meta"}
+    out: dict[str, Any] = {}
+    for rank in range(NODES):
+        mine = [r for r in recs if r["kind"] == "dx-meta" and r["rank"] == rank and r["mode"] != "IDLE"]
+        out[str(rank)] = {"graph": graph.get(rank), "eager_calls": len(mine),
+                          "host_sync_branch": sum(1 for r in mine if r["host_sync_branch"]),
+                          "ms": spread([r["ms"] for r in mine])}  # fmt: skip
+    return out
 
 
 def arm_env(arm: str) -> tuple[dict[str, str], str, str]:
@@ -185,6 +200,8 @@ def arm_env(arm: str) -> tuple[dict[str, str], str, str]:
         env["SEEDLESS_TRIGGER_TIME_DRAFT"] = "1"
     if os.environ.get("SOAK_DX_EAGER") == "1":
         env["SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"] = "1"
+    if TIER == "dsa":
+        env["SEEDLESS_TRIGGER_DX"] = "1"
     return env, records, recorder
 
 

@@ -35,7 +35,8 @@ Knobs: ``SEEDLESS_TRIGGER_INIT_COMMS=1`` runs one 1-element all-reduce on the de
 more than one rank at that same point on every rank, so that torch's NCCL communicators exist before the first
 request (the steady state of a server that ran an eager collective before; torch creates them lazily).
 ``SEEDLESS_TRIGGER_TIME_DRAFT=1`` records each draft step's GPU time (CUDA events) and host time by path
-(``draft-time``). ``SEEDLESS_TRIGGER_CPU_VOTE=1`` (CPU dry runs only) makes
+(``draft-time``); ``SEEDLESS_TRIGGER_DX=1`` each eager metadata call of the draft-extend DSA backend, and whether
+it took the host-sync branch (``dx-meta``, #33973). ``SEEDLESS_TRIGGER_CPU_VOTE=1`` (CPU dry runs only) makes
 a ``--disable-cuda-graph`` launch carry the graph vote.
 """
 
@@ -115,7 +116,8 @@ def _observe(scheduler: Any, records: str) -> None:
     _write({"kind": "meta", "rank": rank, "pid": os.getpid(), "t": time.time(),
             "seeding": getattr(worker, "seed_dsa_topk_from_draft_extend", None),
             "dsa_index_topk": getattr(worker, "dsa_index_topk", None),
-            "overlap": bool(getattr(scheduler, "enable_overlap", False))})  # fmt: skip
+            "overlap": bool(getattr(scheduler, "enable_overlap", False)),
+            "draft_extend_graph": getattr(worker, "cuda_graph_runner_for_draft_extend", None) is not None})  # fmt: skip
     if os.environ.get("SEEDLESS_TRIGGER_INIT_COMMS") == "1":
         _create_torch_communicators(rank)
     if os.environ.get("SEEDLESS_TRIGGER_CPU_VOTE") == "1":
@@ -124,6 +126,8 @@ def _observe(scheduler: Any, records: str) -> None:
         _observe_dsa()
     if os.environ.get("SEEDLESS_TRIGGER_TIME_DRAFT") == "1" and worker is not None:
         _time_draft(worker)
+    if os.environ.get("SEEDLESS_TRIGGER_DX") == "1" and worker is not None:
+        _observe_draft_extend_metadata(worker)
 
     # 0.5.16+: a module function that EagleDraftWorker.draft calls by name; 0.5.15.post1: a method of the draft worker
     owner = eagle_worker_v2 if "prepare_for_draft" in eagle_worker_v2.__dict__ else worker
@@ -183,6 +187,32 @@ def _time_draft(worker: Any) -> None:
         return out
 
     worker.draft = timed_draft
+
+
+def _observe_draft_extend_metadata(worker: Any) -> None:
+    """#33973: each eager metadata call of the draft worker's DSA backends (a graph replay makes none). Without a host
+    mirror of the sequence lengths (``seq_lens_cpu`` None) the DSA backend reads them back from the device, a host
+    sync; the record says which branch ran, on which backend, and how long the call held the host."""
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+
+    init_meta = DeepseekSparseAttnBackend.init_forward_metadata
+
+    @functools.wraps(init_meta)
+    def init_forward_metadata(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        which = "extend" if self is getattr(worker, "draft_extend_attn_backend", None) else None
+        no_mirror = getattr(forward_batch, "seq_lens_cpu", None) is None
+        t = time.perf_counter()
+        out = init_meta(self, forward_batch, *args, **kwargs)
+        if which is not None:
+            try:
+                _write({"kind": "dx-meta", "rank": _state["rank"], "step": _state["step"], "t": round(time.time(), 4),
+                        "mode": forward_batch.forward_mode.name, "bs": int(forward_batch.batch_size),
+                        "host_sync_branch": no_mirror, "ms": round(1000 * (time.perf_counter() - t), 3)})  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - the observer never changes the run
+                _write({"kind": "observer-error", "rank": _state["rank"], "error": repr(exc)})
+        return out
+
+    DeepseekSparseAttnBackend.init_forward_metadata = init_forward_metadata
 
 
 def _create_torch_communicators(rank: int) -> None:
