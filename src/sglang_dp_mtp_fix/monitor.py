@@ -2,8 +2,9 @@
 what stops): the heartbeat in the flight-recorder file's header (``recfile``) and the stall line in SGLang's log.
 
 Heartbeat: about once a second the thread writes wall and monotonic time into the header of this process's recorder
-file (when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set). A rank blocked in a collective keeps ticking; a frozen, killed
-or OOM-killed process stops, which is what ``rollcall`` reads first.
+ring and writes the ring out to its file (when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set; ``recorder.Recorder.flush``).
+A rank blocked in a collective keeps ticking; a frozen, killed or OOM-killed process stops, which is what ``rollcall``
+reads first.
 
 Stall line (``SGLANG_DP_MTP_FIX_STALL_S``, recorder or not): the vote's sync-entry wrapper counts MLP-sync rounds
 entered and finished in ``PROGRESS`` (three plain stores a round); the thread compares them each tick. A rank that has
@@ -72,6 +73,7 @@ class Monitor:
         recfile.HEARTBEAT.pack_into(
             rec.buf, recfile.HEARTBEAT_OFFSET, self.ticks, time.time(), time.monotonic_ns(), self.ticks
         )
+        rec.flush()  # the ring and this heartbeat reach the file together
 
     # -- the stall watcher --------------------------------------------------------------------------------------
     def watch(self, now: float) -> None:
