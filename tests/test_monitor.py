@@ -238,6 +238,17 @@ def test_the_thread_survives_a_failing_tick_and_stops_with_stop(monkeypatch):
     assert not m.thread.is_alive()
 
 
+def test_a_scheduler_without_weak_references_still_gets_its_watcher(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(monitor, "_TICK_S", 0.01)
+    try:
+        m = monitor.start(dp_rank=1, scheduler=SimpleNamespace(_engine_paused=True))  # before: TypeError
+        assert m.thread is not None and m.thread.is_alive() and m.dp_rank == 1 and not m.engine_paused()
+    finally:
+        monitor.stop()
+
+
 def test_a_forked_child_starts_without_the_parents_monitor(monkeypatch):
     monkeypatch.setattr(monitor, "_TICK_S", 0.01)
     m = monitor.start()

@@ -224,7 +224,10 @@ def start(dp_rank: int | None = None, scheduler: Any = None) -> Monitor:
     elif dp_rank is not None:
         _monitor.dp_rank = dp_rank
     if scheduler is not None:
-        _monitor.scheduler = weakref.ref(scheduler)
+        try:
+            _monitor.scheduler = weakref.ref(scheduler)
+        except TypeError:  # a scheduler without weak references: its pause is not seen, the watcher runs on
+            pass
     return _monitor
 
 
