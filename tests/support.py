@@ -27,6 +27,22 @@ def load_scaled_timeout(base_s: float, per_load_s: float = 3.0, most_s: float = 
     return int(min(base_s + per_load_s * load, most_s) + 0.5)
 
 
+def written(directory: str, ranks: int, rounds: int, timeout: float = 30) -> None:
+    """Until ``ranks`` recorder files in ``directory`` hold round ``rounds`` as their last: the monitor thread writes
+    each ring out once a heartbeat (issue 45), so a file lags its process by up to a second."""
+    import time
+
+    from sglang_dp_mtp_fix import rollcall
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = [rollcall.read_file(p) for p in rollcall.files_in(directory)]
+        if len(got) == ranks and all(f.entered >= rounds and f.last_round == rounds for f in got):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{ranks} files holding round {rounds} not written within {timeout} s")
+
+
 def expected_status() -> str:
     if SGLANG_VERSION in AFFECTED:
         return "applied"

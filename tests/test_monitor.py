@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -155,17 +156,56 @@ def test_one_stall_line_per_stall_and_one_recovery_line(progress, caplog):
     assert m.stalls == 2 and len(caplog.records) == 3  # a new stall is a new line
 
 
-def test_an_idle_rank_between_rounds_is_not_stalled_a_busy_one_is(progress, caplog):
+def fields(line: str) -> dict[str, str]:
+    head, _, rest = line.partition(": stall: ")
+    return dict(kv.split("=", 1) for kv in rest.split())
+
+
+def test_an_idle_rank_whose_loop_comes_back_is_not_stalled_one_whose_loop_stopped_is(progress, caplog):
+    """Issue 45: an idle rank's loop comes back to the sync entry at least once a second; one that stays away is
+    stopped with its group (a peer frozen while idle). Before, an idle rank was never judged (seen failing: no line)."""
     caplog.set_level(logging.WARNING, "sglang_dp_mtp_fix")
     progress.entered = progress.finished = 3
-    progress.busy = False  # its last round handed it nothing: waiting for requests
-    m = monitor.Monitor(stall_s=5)
+    progress.busy = False  # its last round handed it nothing: idle
+    m = monitor.Monitor(stall_s=2)
+    m.watch(0.0)
+    for t in range(1, 30):  # idle rounds, asleep a second each (--sleep-on-idle): the loop comes back
+        progress.entered = progress.finished = progress.finished + 1
+        m.watch(float(t))
+    assert not caplog.records
+    m.watch(29.0 + monitor.IDLE_FLOOR_S - 0.1)  # away for stall_s, but under the floor an idle loop may sleep
+    assert not caplog.records
+    m.watch(29.0 + monitor.IDLE_FLOOR_S)
+    (line,) = (r.getMessage() for r in caplog.records)
+    assert fields(line)["where"] == "between_rounds" and float(fields(line)["stalled_s"]) == monitor.IDLE_FLOOR_S
+
+
+def test_a_busy_rank_is_stalled_after_stall_s_a_paused_idle_engine_never(progress, caplog):
+    class Scheduler:
+        _engine_paused = True  # SGLang's pause: its loop skips the round
+
+    caplog.set_level(logging.WARNING, "sglang_dp_mtp_fix")
+    progress.entered = progress.finished = 3
+    progress.busy = False
+    m = monitor.Monitor(stall_s=10)
+    scheduler = Scheduler()
+    m.scheduler = weakref.ref(scheduler)
     m.last_change = 0.0
     m.watch(100.0)
     assert not caplog.records
     progress.busy = True  # its last round had work: it is in the forward and never came back
     m.watch(101.0)
-    assert "where=after_mlp_sync" in caplog.records[0].getMessage()
+    assert fields(caplog.records[0].getMessage())["where"] == "after_mlp_sync"
+
+
+def test_no_idle_stall_before_the_first_round(progress, caplog):
+    caplog.set_level(logging.WARNING, "sglang_dp_mtp_fix")
+    progress.entered = progress.finished = 0
+    progress.busy = False
+    m = monitor.Monitor(stall_s=10)
+    m.last_change = 0.0
+    m.watch(1000.0)  # the scheduler never reached its loop (a slow start is SGLang's watchdog's, not ours)
+    assert not caplog.records
 
 
 def test_stall_off_logs_nothing_and_the_metrics_hook_sees_every_tick(progress, caplog):
@@ -196,6 +236,17 @@ def test_the_thread_survives_a_failing_tick_and_stops_with_stop(monkeypatch):
     assert len(calls) >= 3 and m.thread is not None and m.thread.daemon and m.thread.is_alive()
     m.stop()
     assert not m.thread.is_alive()
+
+
+def test_a_scheduler_without_weak_references_still_gets_its_watcher(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(monitor, "_TICK_S", 0.01)
+    try:
+        m = monitor.start(dp_rank=1, scheduler=SimpleNamespace(_engine_paused=True))  # before: TypeError
+        assert m.thread is not None and m.thread.is_alive() and m.dp_rank == 1 and not m.engine_paused()
+    finally:
+        monitor.stop()
 
 
 def test_a_forked_child_starts_without_the_parents_monitor(monkeypatch):

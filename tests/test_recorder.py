@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import affected_only
+from support import affected_only, written
 
-from sglang_dp_mtp_fix import recorder, rollcall
+from sglang_dp_mtp_fix import recfile, recorder, rollcall
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
+from sglang_dp_mtp_fix.errors import RecorderFileError
 
 SEEDED = {"kind": "decode", "seed": True, "num_reqs": 3}
 
@@ -49,6 +50,7 @@ def test_injected_divergence_is_named_by_round_and_rank(rank_pool, tmp_path):
         results = rank_pool.run_trace(trace, collective=False)
         assert [r.draft_path for r in results[8]] == ["graph", "graph", "eager", "graph"]  # the switch bites
         assert {r.draft_path for r in results[4]} == {"eager"}
+        written(str(tmp_path), 4, 12)
         # the ranks run on (their heartbeats tick): the divergence is named, no rank as stopped (issue 33)
         data, code = rollcall.rollcall([str(tmp_path)])
     finally:
@@ -80,6 +82,7 @@ def test_patched_arm_agrees_and_records_what_each_rank_did(rank_pool, tmp_path):
     apply_recording(rank_pool, tmp_path)
     try:
         results = rank_pool.run_trace(trace, collective=False)
+        written(str(tmp_path), 4, 60)
         data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
         by_rank = {f.dp_rank: f for f in map(recorder.read_file, map(str, files(tmp_path)))}
     finally:
@@ -181,8 +184,6 @@ def test_a_round_stored_as_words_is_the_record_layout_byte_for_byte(tmp_path):
     negative bucket and a tokens count above 16 bits included, in a ring that has wrapped."""
     import struct
 
-    from sglang_dp_mtp_fix import recfile
-
     rec = recorder.Recorder(str(tmp_path), 4)
     rec.open(None, ranks=(0, 1, 0, 1, 0))
     try:
@@ -201,8 +202,13 @@ def test_a_round_stored_as_words_is_the_record_layout_byte_for_byte(tmp_path):
 
 WRITER = """
 import sys
+from contextvars import ContextVar
 from sglang_dp_mtp_fix import recorder
-rec = recorder.Recorder(sys.argv[1], 64)
+from sglang_dp_mtp_fix.config import Config
+
+same = lambda *a, **k: None
+recorder.instrument(Config(recorder_dir=sys.argv[1]), same, same, same, "d", "g", ContextVar("v"))
+rec = recorder.active()  # the process's recorder, as a scheduler has it: open starts the heartbeat's write-out
 rec.open(None, ranks=(3, 4, 3, 4, 3))
 print("open", flush=True)
 while True:
@@ -212,27 +218,90 @@ while True:
 """
 
 
-def test_a_rank_killed_mid_run_leaves_a_readable_file(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(tmp_path)], stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"open\n"
-        deadline = time.monotonic() + 60
+class Writer:
+    """A writer process (``WRITER``) and a wait for its file to move on."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(WRITER), str(directory)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert self.proc.stdout is not None and self.proc.stdout.readline() == b"open\n"
+
+    def newest(self) -> rollcall.RankFile | None:
+        got = []
+        for path in files(self.directory):
+            try:
+                got.append(rollcall.read_file(str(path)))
+            except (OSError, RecorderFileError):  # cut by the test's own truncation, until rewritten
+                continue
+        return max(got, key=lambda f: (f.start_unix, f.last_round), default=None)
+
+    def past(self, round_: int, timeout: float = 30) -> rollcall.RankFile:
+        """Until the newest file of the writer holds a record after ``round_`` (the writer alive all along)."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            live = rollcall.read_file(str(files(tmp_path)[0]))  # readable while it writes, too
-            if live.last_round > 5000:
-                break
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the writer died: {self.proc.returncode}, {self.proc.stderr.read()[-2000:]!r}")
+            f = self.newest()
+            if f is not None and f.last_round > round_:
+                return f
             time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(30) == -signal.SIGKILL
+        raise AssertionError(f"no record after round {round_} within {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+def test_a_rank_killed_mid_run_leaves_a_readable_file(tmp_path):
+    writer = Writer(tmp_path)
+    try:
+        writer.past(5000, 60)  # readable while it writes, too
+        os.kill(writer.proc.pid, signal.SIGKILL)
+        assert writer.proc.wait(30) == -signal.SIGKILL
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        writer.stop()
     dead = rollcall.read_file(str(files(tmp_path)[0]))
-    assert dead.last_round > 5000 and dead.pid == proc.pid and dead.dp_rank == 3
-    assert len(dead.records) + dead.skipped == 64 and dead.skipped <= 1  # at most the record it was writing
+    assert dead.last_round > 5000 and dead.pid == writer.proc.pid and dead.dp_rank == 3
+    assert len(dead.records) + dead.skipped == dead.capacity and dead.skipped <= 1  # at most the record being written
     for r, rec in dead.records.items():
         assert rec.tokens == r % 1000 and (rec.path is None or rec.bucket == r % 1000), rec
+
+
+def test_the_writer_survives_its_file_truncated_chmodded_replaced_and_deleted(tmp_path):
+    """Issue 45: what a log cleaner, ``: > file``, ``chmod`` or a copy tool does to a live file. Before, the ring was
+    a shared map of the file: the truncation killed the writer with SIGBUS (seen: the writer died, -7)."""
+    writer = Writer(tmp_path)
+    try:
+        first = writer.past(100)
+        os.truncate(first.path, 0)
+        again = writer.past(first.last_round)  # written whole again, in place
+        assert again.path == first.path and os.path.getsize(first.path) == file_size(again)
+        os.chmod(first.path, 0)
+        chmodded = writer.past(again.last_round)
+        assert chmodded.path == first.path
+        os.chmod(first.path, 0o644)
+        copy = tmp_path / "copy.tmp"
+        copy.write_bytes(Path(first.path).read_bytes())
+        os.replace(copy, first.path)  # a copy tool's replacement: our inode has no name left
+        replaced = writer.past(chmodded.last_round)
+        assert replaced.path != first.path and replaced.pid == writer.proc.pid
+        data, _ = rollcall.rollcall([str(tmp_path)], settle_s=0)  # the copy left behind is an older file
+        assert data["ranks"][0]["file"] == replaced.path and data["superseded"] == [first.path], data
+        os.unlink(replaced.path)
+        recreated = writer.past(replaced.last_round)
+        assert recreated.path not in (first.path, replaced.path) and recreated.entered > replaced.entered
+        assert writer.proc.poll() is None
+    finally:
+        writer.stop()
+
+
+def file_size(f: rollcall.RankFile) -> int:
+    return recfile.HEADER_SIZE + f.capacity * recfile.RECORD.size
 
 
 def test_the_variable_takes_an_absolute_path_or_nothing():
@@ -305,6 +374,7 @@ def test_a_forked_child_never_writes_into_the_parents_ring(tmp_path):
                     rec.enter()
                     rec.sync(7, 2, ALL_YES)
                     rec.draft_path(recorder.PATH_EAGER, -1)
+                rec.flush()  # the write-out: the child has no file of its own, and never the parent's
             finally:
                 os._exit(0)
         _, status = os.waitpid(pid, 0)

@@ -2,15 +2,18 @@
 what stops): the heartbeat in the flight-recorder file's header (``recfile``) and the stall line in SGLang's log.
 
 Heartbeat: about once a second the thread writes wall and monotonic time into the header of this process's recorder
-file (when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set). A rank blocked in a collective keeps ticking; a frozen, killed
-or OOM-killed process stops, which is what ``rollcall`` reads first.
+ring and writes the ring out to its file (when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set; ``recorder.Recorder.flush``).
+A rank blocked in a collective keeps ticking; a frozen, killed or OOM-killed process stops, which is what ``rollcall``
+reads first.
 
 Stall line (``SGLANG_DP_MTP_FIX_STALL_S``, recorder or not): the vote's sync-entry wrapper counts MLP-sync rounds
 entered and finished in ``PROGRESS`` (three plain stores a round); the thread compares them each tick. A rank that has
-not finished a round for ``stall_s`` seconds while the group had work -- it is inside a round (entered, not finished:
-blocked in the gather), or its last round handed it a batch (the group had work: it is in the forward) -- logs one
-WARNING line in ``key=value`` form, and one line when a round finishes again. An idle rank between rounds (nothing
-to do, waiting for requests) is not stalled.
+not finished a round for ``stall_s`` seconds logs one WARNING line in ``key=value`` form, and one line when a round
+finishes again; ``where`` says where it stopped: inside a round (entered, not finished: blocked in the gather), after
+one that handed it a batch (in the forward), or between rounds while idle. An idle rank's loop comes back to the
+sync entry at least once a second, asleep (``--sleep-on-idle``) or not, so an idle rank is stalled when its loop
+stays away for ``stall_s`` (at least ``IDLE_FLOOR_S``): its group stopped (issue 45: a peer frozen while the group
+was idle holds the live rank in the request broadcast, outside any round). A paused engine is not judged.
 
 The thread never raises into SGLang (every tick is guarded), is a daemon (it ends with the process) and is restarted
 in a forked child by the child's own recorder (``recorder.Recorder.detach``), never shared with the parent.
@@ -22,6 +25,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +48,9 @@ class Progress:
 PROGRESS = Progress()
 # A forced stop (tests): every wait is bounded by this, so the thread always ends
 _TICK_S = recfile.HEARTBEAT_PERIOD_S
+# The least an idle rank's loop may stay away before it counts as stopped: an idle sleeper's 1 s poll, on each of two
+# ranks in turn, on a loaded host
+IDLE_FLOOR_S = 5.0
 
 
 class Monitor:
@@ -58,6 +65,7 @@ class Monitor:
         self.stalled_since: float | None = None
         self.stalls = 0
         self.on_tick: Callable[[float, bool], None] | None = None  # metrics: (seconds since a round, new stall)
+        self.scheduler: weakref.ref[Any] | None = None  # read for its paused flag only (the Scheduler seam sets it)
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -72,6 +80,7 @@ class Monitor:
         recfile.HEARTBEAT.pack_into(
             rec.buf, recfile.HEARTBEAT_OFFSET, self.ticks, time.time(), time.monotonic_ns(), self.ticks
         )
+        rec.flush()  # the ring and this heartbeat reach the file together
 
     # -- the stall watcher --------------------------------------------------------------------------------------
     def watch(self, now: float) -> None:
@@ -83,18 +92,30 @@ class Monitor:
                 logger.warning("%s", self.recovery_line(now))
                 self.stalled_since = None
             self.seen_finished, self.last_change = finished, now
-        elif (
-            self.stall_s is not None
-            and self.stalled_since is None
-            and now - self.last_change >= self.stall_s
-            and (entered != finished or busy)
-        ):
-            self.stalled_since = self.last_change
-            self.stalls += 1
-            new_stall = True
-            logger.warning("%s", self.stall_line(now, in_round=entered != finished))
+        elif self.stall_s is not None and self.stalled_since is None:
+            where = "inside_mlp_sync" if entered != finished else "after_mlp_sync" if busy else "between_rounds"
+            threshold = self.stall_s if where != "between_rounds" else self.idle_threshold(finished)
+            if threshold is not None and now - self.last_change >= threshold:
+                self.stalled_since = self.last_change
+                self.stalls += 1
+                new_stall = True
+                logger.warning("%s", self.stall_line(now, where))
         if self.on_tick is not None:
             self.on_tick(now - self.last_change, new_stall)
+
+    def idle_threshold(self, finished: int) -> float | None:
+        """An idle rank's loop comes back to the sync entry at least once a second (the idle sleeper of
+        ``--sleep-on-idle`` polls for 1 s at most), and every pass waits for every rank of the TP group (the request
+        broadcast): a loop that stays away is stopped with its group (issue 45). None: not judged (no round yet, or
+        the engine paused on request, whose loop skips the round)."""
+        assert self.stall_s is not None
+        if finished == 0 or self.engine_paused():
+            return None
+        return max(self.stall_s, IDLE_FLOOR_S)
+
+    def engine_paused(self) -> bool:
+        scheduler = self.scheduler() if self.scheduler is not None else None
+        return bool(getattr(scheduler, "_engine_paused", False))
 
     def _round_fields(self) -> dict[str, Any]:
         from sglang_dp_mtp_fix import recorder
@@ -112,9 +133,9 @@ class Monitor:
             fields["sync_call"] = PROGRESS.entered  # no recorder: the sync-entry calls of this process
         return fields
 
-    def stall_line(self, now: float, in_round: bool) -> str:
+    def stall_line(self, now: float, where: str) -> str:
         fields = self._round_fields()
-        fields["where"] = "inside_mlp_sync" if in_round else "after_mlp_sync"
+        fields["where"] = where
         fields["stalled_s"] = f"{now - self.last_change:.1f}"
         fields["stall_s"] = f"{self.stall_s:g}"
         stale, live = peer_heartbeats()
@@ -191,9 +212,9 @@ def configure(stall_s: float | None) -> Progress:
     return PROGRESS
 
 
-def start(dp_rank: int | None = None) -> Monitor:
+def start(dp_rank: int | None = None, scheduler: Any = None) -> Monitor:
     """Start this process's thread (once; again in a forked child). ``dp_rank``: for the stall line without a
-    recorder (the Scheduler seam knows it)."""
+    recorder; ``scheduler``: whether its engine is paused (the Scheduler seam knows both)."""
     global _monitor, _dp_rank
     if dp_rank is not None:
         _dp_rank = dp_rank
@@ -202,6 +223,11 @@ def start(dp_rank: int | None = None) -> Monitor:
         _monitor.start()
     elif dp_rank is not None:
         _monitor.dp_rank = dp_rank
+    if scheduler is not None:
+        try:
+            _monitor.scheduler = weakref.ref(scheduler)
+        except TypeError:  # a scheduler without weak references: its pause is not seen, the watcher runs on
+            pass
     return _monitor
 
 

@@ -160,7 +160,7 @@ def start_monitor(scheduler: Any, manager: PatchManager) -> None:
     if not any(o.id in WATCHED_BY and o.status is Status.APPLIED for o in manager.outcomes or []):
         return
     try:
-        monitor.start(dp_rank=recorder.scheduler_dp_rank(scheduler))
+        monitor.start(dp_rank=recorder.scheduler_dp_rank(scheduler), scheduler=scheduler)
     except Exception as exc:  # noqa: BLE001 - diagnostics must never crash the host
         report.logger.warning("sglang-dp-mtp-fix: stall watcher not started: %r", exc)
 

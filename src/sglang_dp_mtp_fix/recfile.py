@@ -6,7 +6,9 @@ One file per scheduler process in ``SGLANG_DP_MTP_FIX_RECORDER_DIR``:
 a PID creates a new file instead of failing on the old one (``rollcall`` reads the newest file of each rank).
 
 Little endian. The file's blocks are allocated when it is created (``posix_fallocate``): a full disk or a quota is
-then the "recorder off" warning at open, never a SIGBUS in a later round.
+then the "recorder off" warning at open. The writer keeps the ring in its own memory, in this layout, and its heartbeat
+thread writes it out whole about once a second (``recorder.Recorder.flush``): a reader sees a file at most about a
+second behind its writer.
 
 ====== ======================================================================================================
 offset header (``HEADER_SIZE`` bytes)
@@ -23,10 +25,11 @@ offset header (``HEADER_SIZE`` bytes)
 ====== ======================================================================================================
 
 Then ``capacity`` records of ``RECORD``, written in turn. The writer stores a round's ``SYNC`` as four 64-bit words
-in order through one view of the map (words 0-3, below ``RECORD``), the round number first and last, so a record cut
-by a kill has two different copies and is detected, never taken for an older one. The draft path is known later in the
-round (the draft runner's ``can_run_graph``): ``PATH``'s words 4 and 5, the round again last. The reader reads the
-file twice and keeps only records identical in both reads (a record being written meanwhile is skipped).
+in order through one view of the ring (words 0-3, below ``RECORD``), the round number first and last, so a record cut
+by the write-out's snapshot has two different copies and is detected, never taken for an older one. The draft path
+is known later in the round (the draft runner's ``can_run_graph``): ``PATH``'s words 4 and 5, the round again last.
+The reader reads the file twice and keeps only records identical in both reads (a record being written meanwhile is
+skipped).
 """
 
 from __future__ import annotations

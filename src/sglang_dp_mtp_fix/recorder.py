@@ -3,10 +3,14 @@ file's layout: ``recfile``; its reader and verdicts: ``rollcall``; the heartbeat
 
 A hung rank's main thread is blocked in C and cannot run a Python signal handler, so the record is kept current in a
 file another process can read at any time: each patched scheduler keeps the decisions of its last ``CAPACITY``
-MLP-sync rounds in a fixed-size ring, a shared memory map of one file in that directory. A round costs a handful of
-plain stores into the map: no syscall, no flush; the kernel's page cache makes them visible to a reader on the same
-host while the process runs, hangs or after it was killed. Copy the directories of every node together to read a
-whole group.
+MLP-sync rounds in a fixed-size ring in its own memory (a round costs a handful of plain stores: no syscall), and the
+monitor thread writes the whole ring out to one file in that directory once a heartbeat (``monitor``; ``flush``). The
+thread runs while the main thread is blocked in a collective, so the file stays current while a rank hangs; after a
+kill or a freeze it holds the ring as of the last heartbeat: at worst the last ~1 s of rounds are missing
+(``HEARTBEAT_PERIOD_S`` plus the write). Nothing done to the file from outside reaches the process (issue 45; a file
+mapping shared with the file would die of SIGBUS when the file is truncated): a truncated file is written whole
+again, a deleted or replaced one is created anew, a failed write is one WARNING line. Copy the directories of every
+node together to read a whole group.
 
 Decided at load like the counters (``stats``): with the variable unset ``instrument`` returns the vote wrappers
 unchanged and nothing is created. The directory follows the report files' rules (``report.create_in_directory``).
@@ -19,15 +23,16 @@ the round the rank entered last.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import functools
 import logging
-import mmap
 import os
 import secrets
 import socket
 import stat
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -103,7 +108,7 @@ def _ranks(info: Any) -> tuple[int, int, int, int, int]:
 
 
 class Recorder:
-    """One scheduler's ring. Until its file is open the stores go to a private buffer of the same shape."""
+    """One scheduler's ring, in this process's own memory; the monitor thread writes it out to the file (``flush``)."""
 
     def __init__(self, directory: str, capacity: int = CAPACITY):
         self.directory = directory
@@ -118,50 +123,83 @@ class Recorder:
         self.opened = False
         self.path: str | None = None
         self.dp_rank = -1
+        self._ranks = (-1, -1, -1, -1, -1)
+        self._fd: int | None = None
+        self._problem: str | None = None  # the last write-out problem logged (one line each, not one a second)
+        self._lock = threading.Lock()  # flush (monitor thread) against close/open (main thread)
 
     def open(self, info: Any, ranks: tuple[int, int, int, int, int] | None = None) -> None:
         """Create the file (first round, when the ranks are known; ``ranks`` given: tests). A problem is one WARNING
-        line: the recorder then keeps writing to its private buffer (nothing recorded, the server unaffected)."""
+        line: the recorder then keeps writing to its buffer alone (nothing recorded, the server unaffected)."""
         self.opened = True
-        from sglang_dp_mtp_fix import report
-
-        dp_rank, dp_size, tp_rank, tp_size, global_rank = ranks or _ranks(info)
-        self.dp_rank = dp_rank
-        path: str | None = None
+        self._ranks = ranks or _ranks(info)
+        self.dp_rank = self._ranks[0]
         try:
-            fd, path = report.create_in_directory(self.directory, RECORDER_DIR_ENV, file_name(dp_rank), os.O_RDWR)
-            try:
-                os.ftruncate(fd, self.size)
-                # Every block now: a full disk or a quota fails here (ENOSPC, EDQUOT), not as a SIGBUS when a later
-                # round first touches an unallocated page of the map.
-                os.posix_fallocate(fd, 0, self.size)
-                mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)
+            with self._lock:
+                self._create()
         except Exception as exc:  # noqa: BLE001 - diagnostics must never crash the host
-            if path is not None:  # no half-made file left for rollcall to refuse
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
             logger.warning("sglang-dp-mtp-fix: flight recorder off on this scheduler: %s", exc)
             return
-        HEADER.pack_into(
-            mm, 0, b"\0" * 8, FORMAT_VERSION, HEADER_SIZE, RECORD.size, self.capacity, dp_rank, dp_size, tp_rank,
-            tp_size, global_rank, os.getpid(), time.time(), time.monotonic_ns(), __version__.encode()[:32],
-            _sglang_version().encode()[:32], socket.gethostname().encode()[:64],
-        )  # fmt: skip
-        recfile.PROC_START.pack_into(mm, recfile.PROC_START_OFFSET, recfile.proc_start_ticks())
-        mm[recfile.BOOT_ID_OFFSET : recfile.BOOT_ID_OFFSET + recfile.BOOT_ID_SIZE] = recfile.boot_id()
-        mm[0:8] = MAGIC  # last: a reader never takes a half-written header for a whole one
-        entered = self.u64[ENTERED_WORD]
-        self._use(mm)
-        self.u64[ENTERED_WORD] = entered
-        self.path = path
         _open_recorders.add(self)
         if self is _active:
             from sglang_dp_mtp_fix import monitor
 
-            monitor.start()  # the heartbeat (once per process; again in a forked child, whose file this is)
-        logger.info("sglang-dp-mtp-fix: flight recorder: %s (last %d MLP-sync rounds)", path, self.capacity)
+            monitor.start()  # the heartbeat and the write-out (once per process; again in a forked child)
+        logger.info("sglang-dp-mtp-fix: flight recorder: %s (last %d MLP-sync rounds)", self.path, self.capacity)
+
+    def _create(self) -> None:
+        """A new file holding the ring as it is now (at open; again when the file was deleted or replaced)."""
+        from sglang_dp_mtp_fix import report
+
+        dp_rank, dp_size, tp_rank, tp_size, global_rank = self._ranks
+        fd, path = report.create_in_directory(self.directory, RECORDER_DIR_ENV, file_name(dp_rank), os.O_RDWR)
+        try:
+            os.ftruncate(fd, self.size)
+            # Every block now: a full disk or a quota fails here (ENOSPC, EDQUOT), at open, as one warning line
+            os.posix_fallocate(fd, 0, self.size)
+            buf = self.buf
+            # the start is the file's: rollcall reads the newest file of a rank, so a copy left at the old path is
+            # superseded by this one
+            HEADER.pack_into(
+                buf, 0, b"\0" * 8, FORMAT_VERSION, HEADER_SIZE, RECORD.size, self.capacity, dp_rank, dp_size,
+                tp_rank, tp_size, global_rank, os.getpid(), time.time(), time.monotonic_ns(),
+                __version__.encode()[:32], _sglang_version().encode()[:32], socket.gethostname().encode()[:64],
+            )  # fmt: skip
+            recfile.PROC_START.pack_into(buf, recfile.PROC_START_OFFSET, recfile.proc_start_ticks())
+            buf[recfile.BOOT_ID_OFFSET : recfile.BOOT_ID_OFFSET + recfile.BOOT_ID_SIZE] = recfile.boot_id()
+            _write_all(fd, bytes(buf), 0)
+            buf[0:8] = MAGIC
+            _write_all(fd, MAGIC, 0)  # last: a reader never takes a half-written header for a whole one
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):  # no half-made file left for rollcall to refuse
+                os.unlink(path)
+            raise
+        old, self._fd, self.path = self._fd, fd, path
+        if old is not None:
+            os.close(old)
+
+    def flush(self) -> None:
+        """Write the ring out (the monitor thread, once a heartbeat; ``close``). Whatever was done to the file from
+        outside costs at most a WARNING line: truncated, it is written whole again; deleted or replaced (our inode
+        has no name left), a new file takes its place; a write that fails is tried again at the next tick."""
+        with self._lock:
+            if self._fd is None:
+                return
+            problem = None
+            try:
+                if os.fstat(self._fd).st_nlink == 0:
+                    gone = self.path
+                    self._create()
+                    logger.warning("sglang-dp-mtp-fix: flight recorder file %s was deleted or replaced; now %s",
+                                   gone, self.path)  # fmt: skip
+                else:
+                    _write_all(self._fd, bytes(self.buf), 0)  # a snapshot: the main thread goes on storing
+            except Exception as exc:  # noqa: BLE001 - a diagnostic write never takes the scheduler down
+                problem = f"sglang-dp-mtp-fix: flight recorder file {self.path} not written (tried again): {exc}"
+            if problem is not None and problem != self._problem:
+                logger.warning("%s", problem)
+            self._problem = problem
 
     def path_of(self, round_: int) -> tuple[str, int | None]:
         """The draft path and bucket recorded for ``round_`` when it is the latest record (the stall line)."""
@@ -173,27 +211,33 @@ class Recorder:
         return recfile.PATH_NAMES.get(code & 3, "?"), bucket
 
     def detach(self) -> None:
-        """After a fork, in the child: the parent's map is the parent's. The child's next round is its first: it opens
+        """After a fork, in the child: the parent's file is the parent's. The child's next round is its first: it opens
         a file of its own (``instrument``'s ``_get_local_tensor`` opens at round 1)."""
-        self._use(bytearray(self.size))  # the inherited map is dropped, never closed (the parent's views of it)
+        self._lock = threading.Lock()  # the parent's may have been held by its monitor thread at the fork
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)  # the child's copy of the descriptor; the parent's stays open
+        self._fd = None
+        self._use(bytearray(self.size))
         self.path, self.opened = None, False
         self.round = self.recorded_round = self.path_round = 0
         self.word = self.size // 8 - RECORD_WORDS
 
     def close(self) -> None:
-        """Tests: unmap the file (its content stays)."""
-        buf, view = self.buf, self.u64
-        self._use(bytearray(self.size))
-        view.release()  # the map's export: a map with one left cannot close
-        if isinstance(buf, mmap.mmap):
-            buf.close()
+        """Write the ring out a last time and close the file (its content stays)."""
+        self.flush()
+        with self._lock:
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                os.close(fd)
+        _open_recorders.discard(self)
 
-    def _use(self, buf: Any) -> None:
+    def _use(self, buf: bytearray) -> None:
         """Write into ``buf`` from now on, through its view as 64-bit words (``recfile``: the record's words)."""
         self.buf = buf
         self.u64 = memoryview(buf).cast("Q")
 
-    # -- a round's stores (hot path: plain stores through the views, no syscall) -----------------------------------
+    # -- a round's stores (hot path: plain stores into process memory, no syscall) --------------------------------
     def enter(self) -> None:
         """A new MLP-sync round (counted on every rank alike, module doc)."""
         n = self.round = self.round + 1
@@ -224,13 +268,28 @@ ENTERED_WORD, HEADER_WORDS, RECORD_WORDS = ENTERED_OFFSET // 8, HEADER_SIZE // 8
 _open_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
 
 
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
 def _detach_after_fork() -> None:
     for rec in list(_open_recorders):
         rec.detach()
     _open_recorders.clear()
 
 
+def _flush_at_exit() -> None:
+    """An ordinary exit writes the latest rounds out (a kill cannot: the file then lags by up to one heartbeat)."""
+    for rec in list(_open_recorders):
+        with contextlib.suppress(Exception):
+            rec.flush()
+
+
 os.register_at_fork(after_in_child=_detach_after_fork)
+atexit.register(_flush_at_exit)
 
 
 def _sglang_version() -> str:

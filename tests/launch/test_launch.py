@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 from launchlib import NEW_TOKENS, PLUGIN_OUTPUT, PROMPTS, STATS_EVERY, base_env, serve
@@ -71,6 +72,7 @@ def recorder_rollcall(server) -> dict:
     from sglang_dp_mtp_fix import recorder
 
     directory = str(server.log_path.parent / "patched-recorder")
+    written_out(directory)
     data, code = recorder.rollcall([directory])
     alive = []
     for rank in data["ranks"]:
@@ -80,6 +82,23 @@ def recorder_rollcall(server) -> dict:
         except ProcessLookupError:
             pass
     return {"data": data, "code": code, "alive": alive, "server_alive": server.alive(), "dir": directory}
+
+
+def written_out(directory: str, timeout: float = 30) -> None:
+    """Until every file was written out after this call (the ring goes out with each heartbeat, issue 45; two ticks:
+    the first may have been taken before this call), so it holds every round the counters read before it."""
+    from sglang_dp_mtp_fix import rollcall
+
+    def ticks() -> list[int]:
+        return [rollcall.read_file(p).heartbeat_ticks for p in rollcall.files_in(directory)]
+
+    before, deadline = ticks(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = ticks()
+        if len(now) == len(before) and all(a >= b + 2 for a, b in zip(now, before, strict=True)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the recorder files in {directory} were not written out again within {timeout} s")
 
 
 @pytest.fixture(scope="module")

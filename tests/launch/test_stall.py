@@ -6,11 +6,15 @@ the flight recorder and a short ``SGLANG_DP_MTP_FIX_STALL_S``. One launch serves
 1. SIGSTOP DP rank 1's scheduler with a request in flight on each rank: within STALL_S + 5 s DP rank 0's log has the
    stall line naming its round, and ``rollcall`` exits 1 naming DP rank 1 as frozen;
 2. SIGCONT: DP rank 0 logs the recovery line, the requests in flight complete and a new one is served;
+2b. (issue 45; the launch sleeps on idle, ``--sleep-on-idle``) the group idle for longer than the idle threshold: no
+   stall line; then SIGSTOP DP rank 1 while idle and send DP rank 0 a request: DP rank 0's stall line,
+   ``where=between_rounds``, within the threshold + 5 s; SIGCONT serves the request;
 3. SIGKILL DP rank 1's scheduler: ``rollcall`` names it dead.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -24,6 +28,7 @@ from releases import AFFECTED, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION, SUPERSEDE
 from soaklib import probe_pythonpath
 
 from sglang_dp_mtp_fix import rollcall
+from sglang_dp_mtp_fix.monitor import IDLE_FLOOR_S
 from sglang_dp_mtp_fix.recfile import HEARTBEAT_PERIOD_S, HEARTBEAT_STALE_S
 
 # A patched release, and one where SGLang's own vote decides (upstream_vote_watch)
@@ -50,7 +55,11 @@ STALL_S = int(HEARTBEAT_STALE_S + 3 * HEARTBEAT_PERIOD_S)
 STOPPED_RANK, LIVE_RANK = 1, 0
 STALL_LINE = re.compile(rf"sglang-dp-mtp-fix: stall: (?P<fields>dp_rank={LIVE_RANK} [^\n]*)")
 RECOVERY_LINE = re.compile(rf"sglang-dp-mtp-fix: stall over: (?P<fields>dp_rank={LIVE_RANK} [^\n]*)")
+ANY_STALL_LINE = re.compile(r"sglang-dp-mtp-fix: stall: (?P<fields>dp_rank=[^\n]*)")
 IN_FLIGHT_TOKENS = 96
+# An idle rank's threshold (monitor.IDLE_FLOOR_S at least), and the idle watch: past it by two ticks
+IDLE_THRESHOLD_S = max(STALL_S, IDLE_FLOOR_S)
+IDLE_WATCH_S = IDLE_THRESHOLD_S + 2 * HEARTBEAT_PERIOD_S
 
 
 def _fields(text: str) -> dict[str, str]:
@@ -89,8 +98,61 @@ class StallRun:
     in_flight: list[dict]
     after: dict
     dead: tuple[dict, int]
-    log: str  # from the stop on
+    log: str  # from the stop to phase 2b
+    idle: IdleRun
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class IdleRun:
+    """Phase 2b (issue 45): the group idle and asleep (``--sleep-on-idle``), then DP rank 1 frozen while idle."""
+
+    rounds_per_s: list[float]  # each rank's entered rounds per second while idle: asleep, yet its loop comes back
+    asleep_lines: list[dict[str, str]]  # stall lines of any rank while the group slept (none)
+    stall_after_s: float
+    stall_fields: dict[str, str]
+    recovery_fields: dict[str, str]
+    waiting_done_while_frozen: bool
+    served: dict
+
+
+def _idle_freeze(server, ranks: dict[int, rollcall.RankFile], stopped_pid: int) -> IdleRun:  # noqa: ANN001
+    """The group idle, every rank asleep between rounds, longer than any stall threshold: no stall line. Then DP rank
+    1 frozen while idle and a request sent to DP rank 0: its stall line, where=between_rounds; SIGCONT serves it."""
+    mark = len(server.log)
+    before = [rollcall.read_file(ranks[r].path).entered for r in (0, 1)]
+    t0 = time.monotonic()
+    time.sleep(IDLE_WATCH_S)  # the only wait that is a duration: the absence of a line is what is checked
+    after = [rollcall.read_file(ranks[r].path).entered for r in (0, 1)]
+    rates = [(a - b) / (time.monotonic() - t0) for a, b in zip(after, before, strict=True)]
+    asleep = [_fields(m["fields"]) for m in ANY_STALL_LINE.finditer(server.log, mark)]
+    mark = len(server.log)
+    os.kill(stopped_pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_request, server.port, LIVE_RANK, 6200, 8)
+            try:
+                match = _wait_for("the idle stall line", lambda: STALL_LINE.search(server.log, mark),
+                                  IDLE_THRESHOLD_S + 20, lambda: server.log)  # fmt: skip
+                stall_after_s = time.monotonic() - stopped_at
+                done_while_frozen = waiting.done()
+            finally:
+                os.kill(stopped_pid, signal.SIGCONT)
+            recovery = _wait_for("the idle recovery line", lambda: RECOVERY_LINE.search(server.log, mark), 60,
+                                 lambda: server.log)  # fmt: skip
+            served = waiting.result(timeout=240)
+    finally:
+        os.kill(stopped_pid, signal.SIGCONT)
+    return IdleRun(rates, asleep, stall_after_s, _fields(match["fields"]), _fields(recovery["fields"]),
+                   done_while_frozen, served)  # fmt: skip
+
+
+def _written_out(path: str) -> rollcall.RankFile:
+    """The file once written out after this call (two heartbeats: the ring goes out with each, issue 45), so it holds
+    every round its rank ran before the call."""
+    ticks = rollcall.read_file(path).heartbeat_ticks
+    return _wait_for("a write-out", lambda: (f := rollcall.read_file(path)).heartbeat_ticks >= ticks + 2 and f, 30)
 
 
 def _hold_both_in_one_round(server, ranks: dict[int, rollcall.RankFile], hold_file) -> tuple[dict, int]:  # noqa: ANN001
@@ -101,6 +163,10 @@ def _hold_both_in_one_round(server, ranks: dict[int, rollcall.RankFile], hold_fi
     def entered() -> tuple[int, ...]:
         return tuple(rollcall.read_file(ranks[r].path).entered for r in (0, 1))
 
+    def written() -> tuple[tuple[int, ...], tuple[int, ...]]:  # (entered, heartbeat ticks) of both files
+        files = [rollcall.read_file(ranks[r].path) for r in (0, 1)]
+        return tuple(f.entered for f in files), tuple(f.heartbeat_ticks for f in files)
+
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(_request, server.port, rank, 5000 + rank, 48) for rank in (0, 1)]
         base = entered()
@@ -110,12 +176,14 @@ def _hold_both_in_one_round(server, ranks: dict[int, rollcall.RankFile], hold_fi
         try:
             held_marker = hold_file.with_name(hold_file.name + ".held")
             _wait_for("the probe holding DP rank 0", held_marker.exists, 60, lambda: server.log)
-            last: list[tuple[int, ...]] = [entered()]
+            last = [written()]
 
             def settled() -> bool:  # its peer has reached the same round's forward and waits there
                 time.sleep(0.5)
-                last.append(entered())
-                return last[-1] == last[-2] == last[-3] if len(last) > 2 else False
+                last.append(written())
+                same = list(itertools.takewhile(lambda w: w[0] == last[-1][0], reversed(last)))
+                # unchanged across two write-outs of each file (the ring goes out with each heartbeat: issue 45)
+                return len(same) > 2 and all(a - b >= 2 for a, b in zip(same[0][1], same[-1][1], strict=True))
 
             _wait_for("the held ranks' rounds to stop moving", settled, 30, lambda: server.log)
             held = rollcall.rollcall([os.path.dirname(ranks[0].path)])
@@ -135,7 +203,8 @@ def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
     env = base_env(path, SGLANG_DP_MTP_FIX_RECORDER_DIR=str(rec_dir), SGLANG_DP_MTP_FIX_STALL_S=str(STALL_S),
                    LAUNCH_HOLD_PROBE_FILE=str(hold_file), LAUNCH_HOLD_PROBE_RANK=str(LIVE_RANK))  # fmt: skip
     env["SGLANG_PLUGINS"] += ",launch_hold_probe"
-    server = start_server("stall", launch_tmp, env)
+    # Asleep on idle: the idle phase shows a sleeping group raises no stall line (issue 45)
+    server = start_server("stall", launch_tmp, env, extra_args=["--sleep-on-idle"])
     stopped_pid = None
     try:
         t0 = time.monotonic()
@@ -153,7 +222,7 @@ def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
         ranks = _wait_for("both ranks' recorder files with a heartbeat", files, 60, lambda: server.log)
         held = _hold_both_in_one_round(server, ranks, hold_file)
         stopped_pid = ranks[STOPPED_RANK].pid
-        base = rollcall.read_file(ranks[STOPPED_RANK].path).last_round  # after phase 0
+        base = _written_out(ranks[STOPPED_RANK].path).last_round  # after phase 0
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(_request, server.port, rank, 6000 + rank, IN_FLIGHT_TOKENS) for rank in (0, 1)]
             # Both ranks decode: rounds with a batch are recorded on the rank that will stop
@@ -180,12 +249,15 @@ def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
                                  lambda: server.log)  # fmt: skip
             in_flight = [f.result(timeout=240) for f in futures]
         after = _request(server.port, STOPPED_RANK, 6100 + STOPPED_RANK, 8)
+        idle_mark, t_idle = len(server.log), time.monotonic()  # phase 2b's lines are its own
+        idle = _idle_freeze(server, ranks, stopped_pid)
+        launch_timings["stall_idle_phase"] = round(time.monotonic() - t_idle, 1)
         os.kill(stopped_pid, signal.SIGKILL)
         _wait_for("rank 1 gone", lambda: rollcall.process_state(ranks[STOPPED_RANK]) == "dead", 30)
         dead = rollcall.rollcall([str(rec_dir)], settle_s=0)
         launch_timings["stall"] = round(time.monotonic() - t0, 1)
         return StallRun(stopped_pid, stall_after_s, _fields(match["fields"]), _fields(recovery["fields"]), held,
-                        frozen, in_flight, after, dead, server.log[mark:])  # fmt: skip
+                        frozen, in_flight, after, dead, server.log[mark:idle_mark], idle)  # fmt: skip
     finally:
         if stopped_pid is not None:
             try:
@@ -239,3 +311,24 @@ def test_rollcall_names_the_dead_rank(run):
     print("rollcall (dead):", data["answer"])
     assert code == 1 and STOPPED_RANK in data["stopped_ranks"], data["answer"]
     assert f"DP rank {STOPPED_RANK} stopped: dead (pid {run.stopped_pid} is gone)" in data["answer"]
+
+
+def test_a_group_asleep_on_idle_raises_no_stall_line(run):
+    """Issue 45: longer than the idle threshold asleep (``--sleep-on-idle``), rounds still come (each loop pass waits
+    in the idle sleeper's poll), far fewer than a spinning loop's; no rank logs a stall."""
+    print("idle rounds per second (asleep):", [round(r, 1) for r in run.idle.rounds_per_s])
+    assert all(0 < r < 20 for r in run.idle.rounds_per_s), run.idle.rounds_per_s
+    assert run.idle.asleep_lines == [], run.idle.asleep_lines
+
+
+def test_a_rank_frozen_while_the_group_is_idle_is_a_stall_between_rounds(run):
+    """Issue 45: DP rank 1 frozen while idle, a request sent to DP rank 0: DP rank 0's loop waits outside any round
+    (in the request broadcast over the TP group), and its stall line comes within the idle threshold plus a few
+    seconds. Before, no line came (seen: none in 25 s)."""
+    idle = run.idle
+    f = idle.stall_fields
+    print("idle stall line after", round(idle.stall_after_s, 1), "s:", " ".join(f"{k}={v}" for k, v in f.items()))
+    assert f["dp_rank"] == str(LIVE_RANK) and f["where"] == "between_rounds", f
+    assert float(f["stalled_s"]) >= IDLE_THRESHOLD_S and idle.stall_after_s <= IDLE_THRESHOLD_S + 5, idle
+    assert not idle.waiting_done_while_frozen  # the request waited on the stopped group
+    assert idle.recovery_fields["dp_rank"] == str(LIVE_RANK) and len(idle.served["output_ids"]) == 8, idle

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from releases import SGLANG_VERSION, SUPERSEDED
+from support import written
 
 from sglang_dp_mtp_fix import monitor, recorder, rollcall
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
@@ -43,6 +44,7 @@ def test_records_sglangs_own_votes_changes_none_and_rollcall_names_the_divergenc
     applied = rank_pool.plugin({"command": "apply", "env": {RECORDER_DIR_ENV: str(tmp_path)}})
     try:
         watched = rank_pool.run_trace(trace, collective=False)
+        written(str(tmp_path), 4, 12)
         data, code = rollcall.rollcall([str(tmp_path)])
     finally:
         rank_pool.plugin("restore")
