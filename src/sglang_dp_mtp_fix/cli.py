@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -118,6 +119,18 @@ def _print_text(data: dict[str, Any]) -> None:
         print(f"  verdict:      {data['verdict']}")
 
 
+def _settle_seconds(raw: str) -> float:
+    from sglang_dp_mtp_fix.rollcall import MAX_SETTLE_S
+
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_SETTLE_S:  # NaN fails both
+        raise argparse.ArgumentTypeError(f"{raw!r} is not seconds from 0 to {MAX_SETTLE_S:g}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sglang-dp-mtp-fix", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=__version__)
@@ -141,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     roll.add_argument("--json", action="store_true", help="machine-readable output")
     roll.add_argument(
         "--settle",
-        type=float,
+        type=_settle_seconds,
         default=1.5,
         metavar="S",
-        help="watch the ranks' rounds this long before judging a stall (default 1.5; 0: no stall judged, e.g. for "
-        "copied files)",
+        help="watch the ranks' heartbeats and rounds this long before judging (0 to 600, default 1.5; a rank not seen "
+        "ticking is watched up to 5 s; 0: not watched, no stall judged, e.g. for copied files)",
     )
     try:
         args = parser.parse_args(argv)
