@@ -16,6 +16,7 @@ from sglang_dp_mtp_fix.config import (
     parse_peer_timeout,
     parse_report_dir,
     parse_skip,
+    unknown_variables,
 )
 
 IDS = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
@@ -97,3 +98,21 @@ def test_refused_report_dirs_name_the_variable(raw):
     with pytest.raises(ConfigError) as exc:
         parse_report_dir(raw)
     assert REPORT_DIR_ENV in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("SGLANG_DP_MTP_FIX_MODE", MODE_ENV), ("SGLANG_DP_MTP_FIX_SKIPS", SKIP_ENV),
+        ("SGLANG_DP_MTP_FIX_RECORDER", "SGLANG_DP_MTP_FIX_RECORDER_DIR"),
+        ("SGLANG_DP_MTP_FIX_STALL", "SGLANG_DP_MTP_FIX_STALL_S"),
+        ("SGLANG_DP_MTP_FIXES", MODE_ENV), ("SGLANG_DP_MTP_FIX_ZZZZZZZZZZZZZZZZZZZZZZZ", None),
+    ],
+)  # fmt: skip
+def test_unknown_variables_are_named_with_the_closest_known_name(name, closest):
+    env = {name: "off", MODE_ENV: "auto", SKIP_ENV: "", "SGLANG_DP_MTP_FIX_PORTS": "1-2", "SGLANG_OTHER": "x"}
+    assert unknown_variables(env) == ((name, closest),)
+    cfg = load_config(IDS, env)
+    assert cfg.error is None and cfg.unknown == ((name, closest),) and cfg.mode is Mode.AUTO
+    strict = load_config(IDS, {**env, MODE_ENV: "strict"})
+    assert strict.error and name in strict.error and "unknown variable" in strict.error

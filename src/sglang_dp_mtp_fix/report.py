@@ -141,6 +141,7 @@ def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object
             "peer_timeout_s": config.peer_timeout_s,
             "report_dir": config.report_dir,
             "recorder_dir": config.recorder_dir,
+            "unknown_variables": [name for name, _ in config.unknown],
             "error": config.error,
         },
         "patches": [o.as_dict() for o in outcomes],
@@ -148,10 +149,8 @@ def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object
     }
 
 
-def create_in_directory(directory: str, env_name: str, name: str, flags: int = os.O_WRONLY) -> tuple[int, str]:
-    """Create ``name`` in ``directory`` under the report-file rules (module doc): the directory must exist and not be
-    a symbolic link, the file must not exist (never followed, never overwritten). Returns (fd, path); raises
-    ReportFileError naming the variable, the path and the reason. Shared with the flight recorder."""
+def check_directory(directory: str, env_name: str) -> None:
+    """The directory rules (module doc): exists, a directory, not a symbolic link; raises ReportFileError."""
     where = f"{env_name}={directory}"
     try:
         st = os.lstat(directory)
@@ -161,6 +160,26 @@ def create_in_directory(directory: str, env_name: str, name: str, flags: int = o
         raise ReportFileError(f"{where} is a symbolic link; refusing to follow it (point the variable at the real one)")
     if not stat.S_ISDIR(st.st_mode):
         raise ReportFileError(f"{where} is not a directory")
+
+
+def directory_problem(directory: str, env_name: str) -> str | None:
+    """What ``create_in_directory`` would refuse, checked without creating anything (``doctor``): the directory
+    rules, and whether this user can create a file there."""
+    try:
+        check_directory(directory, env_name)
+    except ReportFileError as exc:
+        return str(exc)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{env_name}={directory}: this user cannot create a file there (permissions, or a read-only filesystem)"
+    return None
+
+
+def create_in_directory(directory: str, env_name: str, name: str, flags: int = os.O_WRONLY) -> tuple[int, str]:
+    """Create ``name`` in ``directory`` under the report-file rules (module doc): the directory must exist and not be
+    a symbolic link, the file must not exist (never followed, never overwritten). Returns (fd, path); raises
+    ReportFileError naming the variable, the path and the reason. Shared with the flight recorder."""
+    where = f"{env_name}={directory}"
+    check_directory(directory, env_name)
     path = os.path.join(directory, name)
     try:
         # Open the directory itself without following a link swapped in since the lstat, then create relative to it.
