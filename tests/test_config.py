@@ -74,13 +74,15 @@ def test_load_config_never_raises_and_reports_the_error():
 
 @pytest.mark.parametrize(
     ("raw", "seconds"),
-    [(None, 120.0), ("", 120.0), (" 30 ", 30.0), ("2.5", 2.5), (".5", 0.5), ("3600", 3600.0)],
+    [(None, 120.0), ("", 120.0), (" 30 ", 30.0), ("2.5", 2.5), ("1", 1.0), ("3600", 3600.0)],
 )
 def test_peer_timeouts(raw, seconds):
     assert parse_peer_timeout(raw) == seconds
 
 
-@pytest.mark.parametrize("raw", ["0", "0.0", "-5", "3601", "1e3", "inf", "nan", "5s", "1.2.3", ".", "٣"])
+@pytest.mark.parametrize(
+    "raw", ["0", "0.0", "-5", "3601", "1e3", "inf", "nan", "5s", "1.2.3", ".", "٣", "0.0000001", ".5", "0.999"]
+)  # 1e-7 s and anything under a second: before, accepted (the check could only time out)
 def test_refused_peer_timeouts_name_the_variable(raw):
     with pytest.raises(ConfigError) as exc:
         parse_peer_timeout(raw)

@@ -12,10 +12,15 @@ file; 2 unreadable or incompatible files.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
+import os
 import re
 import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.doctor import doctor_lines, doctor_report
@@ -24,29 +29,62 @@ from sglang_dp_mtp_fix.harness import fuzz
 from sglang_dp_mtp_fix.rollcall import escape
 
 
-def _settle_seconds(raw: str) -> float:
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line on stderr and exit 2 (argparse's usage block is ``--help``'s)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
+
+
+def _bounded(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` from ``low`` to ``high`` (NaN and infinities refused)."""
+
+    def parse(raw: str) -> Any:
+        try:
+            value = kind(raw)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:  # NaN fails both
+            what = f"an integer from {low} to {high}" if kind is int else f"a number from {low:g} to {high:g}"
+            raise argparse.ArgumentTypeError(f"{raw!r} is not {what}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    from sglang_dp_mtp_fix import simulate
     from sglang_dp_mtp_fix.rollcall import MAX_SETTLE_S
 
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= MAX_SETTLE_S:  # NaN fails both
-        raise argparse.ArgumentTypeError(f"{raw!r} is not seconds from 0 to {MAX_SETTLE_S:g}")
-    return value
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang-dp-mtp-fix", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="sglang-dp-mtp-fix", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command")
     doc = sub.add_parser("doctor", help="report what the plugin would do here (no GPU, SGLang not started)")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
     sim = sub.add_parser("simulate", help="reproduce the hang and the fix on CPU ranks, stock vs patched")
-    sim.add_argument("--ranks", type=int, default=None, help="DP ranks, 2-8 (default 4, or the trace's width)")
-    sim.add_argument("--rounds", type=int, default=2000, help="decode rounds of the embedded trace (default 2000)")
-    sim.add_argument("--seed", type=int, default=0, help="seed of the embedded trace (default 0)")
-    sim.add_argument("--trace", type=str, default=None, help="JSON-lines trace file (schema: docs/simulate.md)")
+    low, high = simulate.MIN_RANKS, simulate.MAX_RANKS
+    sim.add_argument(
+        "--ranks",
+        type=_bounded(int, low, high),
+        default=None,
+        help=f"DP ranks, {low}-{high} (default 4, or the trace's width)",
+    )
+    sim.add_argument(
+        "--rounds",
+        type=_bounded(int, 1, simulate.MAX_ROUNDS),
+        default=2000,
+        help=f"decode rounds of the embedded trace, 1-{simulate.MAX_ROUNDS} (default 2000)",
+    )
+    sim.add_argument(
+        "--seed", type=_bounded(int, 0, 2**63 - 1), default=0, help="seed of the embedded trace, 0-2^63-1 (default 0)"
+    )
+    sim.add_argument(
+        "--trace",
+        type=str,
+        default=None,
+        help=f"JSON-lines trace file (schema: docs/simulate.md): {low}-{high} ranks, up to {simulate.MAX_ROUNDS} "
+        f"rounds, num_reqs 1-{simulate.MAX_NUM_REQS}; checked whole before any rank starts",
+    )
     sim.add_argument("--json", action="store_true", help="machine-readable output")
     fuzz.add_backend_arguments(sim)
     sim.add_argument(
@@ -59,16 +97,34 @@ def main(argv: list[str] | None = None) -> int:
     roll.add_argument("--json", action="store_true", help="machine-readable output")
     roll.add_argument(
         "--settle",
-        type=_settle_seconds,
+        type=_bounded(float, 0, MAX_SETTLE_S),
         default=1.5,
         metavar="S",
         help="watch the ranks' heartbeats and rounds this long before judging (0 to 600, default 1.5; a rank not seen "
         "ticking is watched up to 5 s; 0: not watched, no stall judged, e.g. for copied files)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console script. A closed pipe (``| head``) and Ctrl-C end quietly with the shell's codes (141, 130)."""
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return 2 if exc.code else 0
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except SystemExit as exc:  # argparse (--help, --version, a bad argument)
+        return exc.code if isinstance(exc.code, int) else (2 if exc.code else 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
@@ -101,23 +157,25 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sglang_dp_mtp_fix.harness.pool import RankError
 
     ranks = args.ranks if args.ranks is not None else (None if args.trace else 4)
-    if ranks is not None and not 2 <= ranks <= 8:
-        parser.error(f"--ranks must be between 2 and 8 (got {ranks})")
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1")
-    if args.trace and not Path(args.trace).is_file():
-        parser.error(f"--trace {args.trace}: no such file")
-    trace = Path(args.trace) if args.trace else None
+    trace = None
+    if args.trace:
+        if not Path(args.trace).is_file():
+            parser.error(f"--trace {args.trace}: no such file")
+        try:
+            trace = simulate.load_trace(Path(args.trace), ranks)  # the whole trace, before any rank starts
+        except simulate.TraceError as exc:
+            parser.error(f"--trace {exc}")
     backends = fuzz.backend_pair(args)
     try:
         data = simulate.simulate(
             ranks or 0,
             args.rounds,
             args.seed,
-            trace,
+            Path(args.trace) if args.trace else None,
             progress=not args.json,
             unguarded=args.unguarded,
             backends=backends,
+            trace=trace,
         )
     except RankError as exc:
         if backends is None:

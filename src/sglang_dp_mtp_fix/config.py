@@ -3,7 +3,7 @@
 ``SGLANG_DP_MTP_FIX``       auto (default) | off (kill switch; SGLang's false spellings accepted) | strict
 ``SGLANG_DP_MTP_FIX_SKIP``  comma-separated patch ids to leave out (unknown ids are an error)
 ``SGLANG_DP_MTP_FIX_STATS`` log vote counters every N decode batches (unset/empty/0: off)
-``SGLANG_DP_MTP_FIX_PEER_TIMEOUT`` seconds the start-up cross-rank patch-state check waits for every rank (default 120)
+``SGLANG_DP_MTP_FIX_PEER_TIMEOUT`` seconds the start-up cross-rank check waits for every rank (1-3600, default 120)
 ``SGLANG_DP_MTP_FIX_REPORT_DIR`` an existing directory (absolute path) to write one report file per process into
 ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` an existing directory (absolute path) for one decision flight-recorder file per
                             patched scheduler (``recorder``; unset: nothing recorded, the vote path carries no code)
@@ -41,6 +41,7 @@ MAX_STALL_S = 86400.0
 # (``set_prometheus_multiproc_dir``); a scheduler therefore knows at plugin load whether metrics are on.
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 DEFAULT_PEER_TIMEOUT_S = 120.0
+MIN_PEER_TIMEOUT_S = 1.0  # every rank publishes over a TCP store: below a second the check only times out
 MAX_PEER_TIMEOUT_S = 3600.0
 
 # Every variable of the plugin's configuration (``doctor`` shows each with its value) ...
@@ -172,10 +173,10 @@ def parse_peer_timeout(raw: str | None) -> float:
     digits = value.replace(".", "", 1)
     # Plain decimal only ("1e3", "inf", "nan", "-5" are refused): 0 would disable the check, so it is refused too.
     seconds = float(value) if digits.isdigit() else 0.0
-    if not 0 < seconds <= MAX_PEER_TIMEOUT_S:
+    if not MIN_PEER_TIMEOUT_S <= seconds <= MAX_PEER_TIMEOUT_S:
         raise ConfigError(
-            f"{PEER_TIMEOUT_ENV}={raw!r} is not a timeout; accepted values: seconds as a plain decimal number, "
-            f"above 0 and at most {MAX_PEER_TIMEOUT_S:g} (default {DEFAULT_PEER_TIMEOUT_S:g}), or empty (default)"
+            f"{PEER_TIMEOUT_ENV}={raw!r} is not a timeout; accepted values: seconds as a plain decimal number from "
+            f"{MIN_PEER_TIMEOUT_S:g} to {MAX_PEER_TIMEOUT_S:g} (default {DEFAULT_PEER_TIMEOUT_S:g}), or empty (default)"
         )
     return seconds
 
