@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from support import release_free
 
 from sglang_dp_mtp_fix import cli, simulate
 
@@ -102,6 +103,7 @@ def child(args: list[str], **kwargs: object) -> subprocess.Popen:
     return proc
 
 
+@release_free
 def test_ctrl_c_and_a_closed_pipe_end_quietly_with_the_shells_codes(tmp_path):
     """Before: a KeyboardInterrupt traceback (Ctrl-C), and a BrokenPipeError traceback with exit 1 (``| head``), which
     means something else in both commands."""

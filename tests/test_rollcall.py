@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import release_free
 from test_recorder import EAGER, GRAPH, files, write_rank
 
 from sglang_dp_mtp_fix import cli, recfile, recorder, rollcall
@@ -174,6 +175,7 @@ def test_idle_rounds_cost_nothing(tmp_path, capsys, idle_to):
     assert took < 1.0, took
 
 
+@release_free
 def test_a_full_65536_record_ring_is_read_in_linear_time(tmp_path, capsys):
     """Before: the latest round was looked up once per record (quadratic: a 65,536-record file did not finish)."""
     for rank in range(2):
@@ -290,6 +292,7 @@ class Ticker:
             patch(self.path, recfile.HEARTBEAT_OFFSET, "<QdqQ", ticks, time.time() + self.skew_s, 1, ticks)
 
 
+@release_free
 def test_liveness_is_each_files_own_counter_never_a_clock_of_another_host(tmp_path, capsys, monkeypatch):
     """Before: a live rank on a node whose clock is 60 s behind was called stopped (wall times compared across
     hosts)."""
