@@ -9,10 +9,11 @@ mode. The seam removes itself once it has fired and is removed by ``restore()``;
 line is logged at once. Problems are also logged immediately at WARNING so they are never lost.
 
 Report files: only when ``SGLANG_DP_MTP_FIX_REPORT_DIR`` is set, one JSON file per process,
-``sglang-dp-mtp-fix-<hostname>-<pid>.json``, in that directory and nowhere else. The directory must already exist and
-must not itself be a symbolic link (its parents may be; the last component is opened with ``O_NOFOLLOW`` and the
-file is created relative to that open directory). The file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and
-mode 0644 (less under a stricter umask): an existing file or link of that name is never followed or overwritten.
+``sglang-dp-mtp-fix-<hostname>-<pid>-<token>.json`` (a random token per process), in that directory and nowhere
+else. The directory must already exist and must not itself be a symbolic link (its parents may be; the last
+component is opened with ``O_NOFOLLOW`` and the file is created relative to that open directory). The file is
+created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0644 (less under a stricter umask): an existing file or link
+of that name is never followed or overwritten.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import logging.config
 import os
 import re
+import secrets
 import socket
 import stat
 from collections.abc import Callable, Sequence
@@ -122,9 +124,22 @@ class PendingLine:
         self._installed.clear()
 
 
+# A restarted container reuses PIDs: with the PID alone the new process's file would be the old one's name (refused:
+# never overwritten). A token per process start (the flight recorder's names do the same).
+_TOKEN = secrets.token_hex(4)
+
+
 def report_file_name() -> str:
     host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"  # a file name, whatever the hostname
-    return f"sglang-dp-mtp-fix-{host}-{os.getpid()}.json"
+    return f"sglang-dp-mtp-fix-{host}-{os.getpid()}-{_TOKEN}.json"
+
+
+def _new_token_after_fork() -> None:
+    global _TOKEN
+    _TOKEN = secrets.token_hex(4)
+
+
+os.register_at_fork(after_in_child=_new_token_after_fork)
 
 
 def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object]:
