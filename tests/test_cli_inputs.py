@@ -60,6 +60,7 @@ CASES = [
     ("trace-widths", ["simulate", "--trace", "{trace}"], trace(TWO, THREE), "3 ranks, earlier"),
     ("trace-empty", ["simulate", "--trace", "{trace}"], b"\n\n", "empty trace"),
     ("trace-not-json", ["simulate", "--trace", "{trace}"], b"{ranks\n", "not JSON"),
+    ("trace-deep", ["simulate", "--trace", "{trace}"], b"[" * 10**5 + b"]" * 10**5, "not JSON (maximum recursion"),
     ("trace-vs-ranks", ["simulate", "--ranks", "3", "--trace", "{trace}"], trace(TWO), "--ranks says 3"),
     ("settle-inf", ["rollcall", "--settle", "inf", "/x"], None, "--settle: 'inf' is not a number from 0 to 600"),
     ("settle-nan", ["rollcall", "--settle", "nan", "/x"], None, "--settle: 'nan' is not a number"),

@@ -144,7 +144,7 @@ def load_trace(path: Path, ranks: int | None) -> list[list[dict[str, Any]]]:
         where = f"{path}:{lineno}"
         try:
             row = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep for the decoder
             raise TraceError(f'{where}: not JSON ({exc}); expected {{"ranks": [STATE, ...]}}') from None
         states = row.get("ranks") if isinstance(row, dict) else None
         if not isinstance(states, list):
