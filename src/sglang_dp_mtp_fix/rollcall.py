@@ -639,10 +639,12 @@ def _liveness(ranks: Sequence[RankFile], settle_s: float) -> dict[str, Any]:
     for f in ranks:
         sign = f.heartbeat_wall or f.start_unix  # 0: no time that can be true: not compared
         behind_s = round(host_fresh[f.host] - sign, 1) if sign else None
-        stale = f.path not in ticked if watched and not quiet else (behind_s or 0) > HEARTBEAT_STALE_S
+        by_counter = watched and not quiet
+        stale = f.path not in ticked if by_counter else (behind_s or 0) > HEARTBEAT_STALE_S
         per_rank[f.path] = {
             "heartbeat": f.heartbeat_wall or None,
             "heartbeat_ticked": (f.path in ticked) if watched else None,
+            "stale_by": ("counter" if by_counter else "clock") if stale else None,
             "heartbeat_behind_s": behind_s,  # against the freshest of the same host's files
             "process": states[f.path],
             "stopped": states[f.path] in ("stopped", "dead") or stale,
@@ -671,7 +673,7 @@ def _stopped_text(f: RankFile, live: dict[str, Any]) -> str:
         "unknown": "its heartbeat stopped (another host or boot: whether frozen or dead is told on its node)",
     }[live["process"]]
     beat = "heartbeat" if f.heartbeat_wall else "no heartbeat since the file opened at"
-    if live["heartbeat_ticked"] is False:
+    if live["stale_by"] == "counter":
         behind = "no tick while the others ticked"
     elif live["heartbeat_behind_s"] is not None:
         behind = f"{live['heartbeat_behind_s']:.0f} s before the freshest"
