@@ -12,9 +12,12 @@ import sys
 import textwrap
 
 import pytest
-from releases import AFFECTED, LOCAL_ROWS_AFFECTED, SGLANG_VERSION, SUPERSEDED
+from releases import AFFECTED, LOCAL_ROWS_AFFECTED, RELEASE_FREE, SGLANG_VERSION, SUPERSEDED, runs_on
 
 requires_sglang = pytest.mark.skipif(SGLANG_VERSION is None, reason="SGLang is not installed in this venv")
+release_free = pytest.mark.skipif(
+    SGLANG_VERSION is not None and SGLANG_VERSION not in RELEASE_FREE, reason=runs_on(RELEASE_FREE)
+)  # slow tests of code that reads no SGLang: one release (and any venv without SGLang)
 affected_only = pytest.mark.skipif(SGLANG_VERSION not in AFFECTED, reason=f"SGLang {SGLANG_VERSION} is not patched")
 
 

@@ -16,6 +16,7 @@ from sglang_dp_mtp_fix.config import (
     parse_peer_timeout,
     parse_report_dir,
     parse_skip,
+    unknown_variables,
 )
 
 IDS = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
@@ -73,13 +74,15 @@ def test_load_config_never_raises_and_reports_the_error():
 
 @pytest.mark.parametrize(
     ("raw", "seconds"),
-    [(None, 120.0), ("", 120.0), (" 30 ", 30.0), ("2.5", 2.5), (".5", 0.5), ("3600", 3600.0)],
+    [(None, 120.0), ("", 120.0), (" 30 ", 30.0), ("2.5", 2.5), ("1", 1.0), ("3600", 3600.0)],
 )
 def test_peer_timeouts(raw, seconds):
     assert parse_peer_timeout(raw) == seconds
 
 
-@pytest.mark.parametrize("raw", ["0", "0.0", "-5", "3601", "1e3", "inf", "nan", "5s", "1.2.3", ".", "٣"])
+@pytest.mark.parametrize(
+    "raw", ["0", "0.0", "-5", "3601", "1e3", "inf", "nan", "5s", "1.2.3", ".", "٣", "0.0000001", ".5", "0.999"]
+)  # 1e-7 s and anything under a second: before, accepted (the check could only time out)
 def test_refused_peer_timeouts_name_the_variable(raw):
     with pytest.raises(ConfigError) as exc:
         parse_peer_timeout(raw)
@@ -97,3 +100,21 @@ def test_refused_report_dirs_name_the_variable(raw):
     with pytest.raises(ConfigError) as exc:
         parse_report_dir(raw)
     assert REPORT_DIR_ENV in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("SGLANG_DP_MTP_FIX_MODE", MODE_ENV), ("SGLANG_DP_MTP_FIX_SKIPS", SKIP_ENV),
+        ("SGLANG_DP_MTP_FIX_RECORDER", "SGLANG_DP_MTP_FIX_RECORDER_DIR"),
+        ("SGLANG_DP_MTP_FIX_STALL", "SGLANG_DP_MTP_FIX_STALL_S"),
+        ("SGLANG_DP_MTP_FIXES", MODE_ENV), ("SGLANG_DP_MTP_FIX_ZZZZZZZZZZZZZZZZZZZZZZZ", None),
+    ],
+)  # fmt: skip
+def test_unknown_variables_are_named_with_the_closest_known_name(name, closest):
+    env = {name: "off", MODE_ENV: "auto", SKIP_ENV: "", "SGLANG_DP_MTP_FIX_PORTS": "1-2", "SGLANG_OTHER": "x"}
+    assert unknown_variables(env) == ((name, closest),)
+    cfg = load_config(IDS, env)
+    assert cfg.error is None and cfg.unknown == ((name, closest),) and cfg.mode is Mode.AUTO
+    strict = load_config(IDS, {**env, MODE_ENV: "strict"})
+    assert strict.error and name in strict.error and "unknown variable" in strict.error

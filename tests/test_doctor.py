@@ -7,10 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 from releases import SGLANG_VERSION
-from support import expected_status, expected_statuses, requires_sglang, run_cli
+from support import expected_status, expected_statuses, requires_sglang, run_cli, run_python
 
 pytestmark = requires_sglang
 
@@ -59,3 +60,66 @@ def test_usage_error_exits_2():
 def test_affected_but_not_patched_exits_1(env):
     proc = doctor("--json", **env)
     assert proc.returncode == (1 if expected_status() == "applied" else 0), proc.stdout
+
+
+MISSING = "/nonexistent-sglang-dp-mtp-fix-dir"
+
+
+def cases(tmp: str) -> list[tuple[dict[str, str], int, str, list[str]]]:
+    """(environment, exit code, the verdict's words, words of other lines): what the launch would do, said."""
+    applied = expected_status() == "applied"
+    records = applied or expected_statuses()["upstream_vote_watch"] == "applied"
+    return [
+        # Before: "mode: auto" above the error, the error again on each patch's line, no verdict.
+        ({"SGLANG_DP_MTP_FIX": "bogus"}, 2, "configuration error: SGLang is left stock at launch (auto)",
+         ["mode:         not read", "patches:      none applied (bad configuration, above)"]),
+        # Before: "mode: auto", "the fix will be applied", exit 0; the kill switch is SGLANG_DP_MTP_FIX=off.
+        ({"SGLANG_DP_MTP_FIX_MODE": "off"}, 2, "configuration error: 1 unknown variable(s), ignored",
+         ["UNKNOWN:      SGLANG_DP_MTP_FIX_MODE='off' is ignored (did you mean SGLANG_DP_MTP_FIX?)"]),
+        ({"SGLANG_DP_MTP_FIX": "strict", "SGLANG_DP_MTP_FIX_MODE": "off"}, 2, "the launch stops (strict)",
+         ["CONFIG ERROR: unknown variable(s) ignored: SGLANG_DP_MTP_FIX_MODE"]),
+        # Before: "the fix will be applied" (exit 0) for a launch that stops at load.
+        ({"SGLANG_DP_MTP_FIX": "strict", "SGLANG_DP_MTP_FIX_RECORDER_DIR": MISSING}, 2 if records else 0,
+         "the launch stops (strict): SGLANG_DP_MTP_FIX_RECORDER_DIR" if records else "",
+         [f"DIRECTORY:    SGLANG_DP_MTP_FIX_RECORDER_DIR={MISSING}: No such file" if records else ""]),
+        ({"SGLANG_DP_MTP_FIX_REPORT_DIR": MISSING}, 2,
+         "configuration error: SGLANG_DP_MTP_FIX_REPORT_DIR: the launch goes on with no report files", []),
+        ({"SGLANG_DP_MTP_FIX": "strict", "SGLANG_DP_MTP_FIX_REPORT_DIR": "/proc/sys"}, 2,
+         "the launch stops (strict): SGLANG_DP_MTP_FIX_REPORT_DIR", ["cannot create a file there"]),
+        # Before: neither variable shown.
+        ({"SGLANG_DP_MTP_FIX_RECORDER_DIR": tmp, "SGLANG_DP_MTP_FIX_STALL_S": "15", "SGLANG_DP_MTP_FIX_STATS": "50",
+          "SGLANG_DP_MTP_FIX_METRICS": "off"}, 0, "",
+         [f"SGLANG_DP_MTP_FIX_RECORDER_DIR  '{tmp}' -> {tmp}", "SGLANG_DP_MTP_FIX_STALL_S       '15' -> stall line "
+          "after 15 s", "SGLANG_DP_MTP_FIX_STATS         '50' -> vote counters logged every 50 decode batches",
+          "SGLANG_DP_MTP_FIX_METRICS       'off' -> off", "SGLANG_DP_MTP_FIX_REPORT_DIR    unset -> no report files"]),
+    ]  # fmt: skip
+
+
+def test_doctor_checks_what_the_launch_checks(tmp_path):
+    """Every case in one pristine child (one SGLang import): the verdict, the exit code and the lines."""
+    table = cases(str(tmp_path))
+    code = textwrap.dedent(f"""
+        import contextlib, io, json, os
+        from sglang_dp_mtp_fix.cli import main
+        got = []
+        for env in {[env for env, *_ in table]!r}:
+            os.environ.update(env)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc = main(["doctor"])
+            got.append([rc, out.getvalue()])
+            for name in env:
+                del os.environ[name]
+        print(json.dumps(got))
+    """)
+    proc = run_python(code, drop_prefixes=("SGLANG_",))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for (env, want_rc, verdict, words), (rc, out) in zip(table, last_json_list(proc.stdout), strict=True):
+        (line,) = [x for x in out.splitlines() if x.startswith("  verdict:      ")]
+        assert rc == want_rc and verdict in line, (env, rc, out)
+        assert all(w in out for w in words), (env, out)
+        assert out.count("SGLANG_DP_MTP_FIX='bogus'") <= 2, out  # the value and the error, never once per patch
+
+
+def last_json_list(stdout: str) -> list:
+    return json.loads(stdout.strip().splitlines()[-1])

@@ -227,3 +227,17 @@ def test_hook_registry_hooks_from_another_plugin_wrap_ours_and_survive_restore()
     proc, out = probe({"SGLANG_PLUGINS": "dp_mtp_fix"}, pre=HOOK_ON_SYNC, post=CHAIN)
     assert proc.returncode == 0, proc.stderr[-3000:]  # CHAIN asserts the layering, both calls and the restore
     assert "not restored because another hook wraps them now" in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["auto", "strict"])
+def test_a_misspelt_variable_is_one_line_at_load_and_strict_stops(mode):
+    """Before: ``SGLANG_DP_MTP_FIX_MODE=off`` (the kill switch is ``SGLANG_DP_MTP_FIX=off``) was ignored in silence."""
+    env = {"SGLANG_PLUGINS": "dp_mtp_fix", "SGLANG_DP_MTP_FIX": mode, "SGLANG_DP_MTP_FIX_MODE": "off"}
+    proc, out = probe(env)
+    lines = [line for line in proc.stderr.splitlines() if "SGLANG_DP_MTP_FIX_MODE" in line]
+    assert len(lines) == 1 and "did you mean SGLANG_DP_MTP_FIX?" in lines[0], proc.stderr[-2000:]
+    if mode == "strict":
+        assert proc.returncode != 0 and "SGLANG_DP_MTP_FIX=strict: stopping" in lines[0], proc.stderr[-2000:]
+    else:
+        # auto: the rest applies as read (the patches as without the unknown name)
+        assert proc.returncode == 0 and out["patched"] is (expected_status() == "applied"), proc.stderr[-2000:]

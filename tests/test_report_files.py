@@ -35,7 +35,9 @@ def test_unset_writes_nothing():
 def test_one_file_with_its_name_content_and_mode(tmp_path):
     path = write(tmp_path, mode=Mode.STRICT)
     assert path == str(tmp_path / report.report_file_name()) and os.listdir(tmp_path) == [report.report_file_name()]
-    assert re.fullmatch(rf"sglang-dp-mtp-fix-[A-Za-z0-9._-]+-{os.getpid()}\.json", report.report_file_name())
+    assert re.fullmatch(
+        rf"sglang-dp-mtp-fix-[A-Za-z0-9._-]+-{os.getpid()}-[0-9a-f]{{8}}\.json", report.report_file_name()
+    )
     data = json.loads(Path(path).read_text())
     assert data["plugin_version"] and data["sglang_version"] and data["pid"] == os.getpid()
     assert data["config"]["mode"] == "strict" and data["config"]["report_dir"] == str(tmp_path)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import struct
+import threading
+import time
+from pathlib import Path
 
 import pytest
+from support import release_free
 from test_recorder import EAGER, GRAPH, files, write_rank
 
-from sglang_dp_mtp_fix import cli, recfile, rollcall
+from sglang_dp_mtp_fix import cli, recfile, recorder, rollcall
 from sglang_dp_mtp_fix.errors import RecorderFileError
 
 
@@ -18,8 +24,6 @@ def run_rollcall(capsys, *args: str) -> tuple[int, str]:
 
 
 def test_rollcall_exit_codes_text_and_json(tmp_path, capsys):
-    import json
-
     agree, split, bad, mixed = (tmp_path / n for n in ("agree", "split", "bad", "mixed"))
     for d in (agree, split, bad, mixed):
         d.mkdir()
@@ -110,3 +114,210 @@ def test_reader_refuses_truncated_garbage_and_foreign_files_and_reads_the_rest(t
     assert len(data["refused"]) >= outcomes["refused"] and code in (1, 2), data["answer"]
     data, code = rollcall.rollcall([str(good)], settle_s=0)
     assert code == 0 and len(data["ranks"]) == 2
+
+
+# --- what the files hold bounds the reader; a field that cannot be true is named, never another rank's blame ------
+
+ALL_YES = recorder.SENT_GENERIC | recorder.GROUP_GENERIC | recorder.SENT_DRAFT | recorder.GROUP_DRAFT
+START_MONO = 56  # HEADER's monotonic start (ns), after magic, 4 u32, 6 i32 and the unix start
+HOST = recfile.HEADER.size - 64
+
+
+def patch(path: Path, offset: int, fmt: str, *values: object) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(struct.pack(fmt, *values))
+
+
+def record_offset(path: Path, round_: int) -> int:
+    """The file offset of ``round_``'s record (the ring's slot that holds it)."""
+    raw = path.read_bytes()
+    for off in range(recfile.HEADER_SIZE, len(raw), recfile.RECORD.size):
+        if struct.unpack_from("<Q", raw, off)[0] == round_:
+            return off
+    raise AssertionError(f"no record of round {round_} in {path}")
+
+
+def rank_file(directory: Path, rank: int) -> Path:
+    return next(p for p in files(directory) if f"-dp{rank}-" in p.name)
+
+
+def idle_group(directory: Path, idle_to: int, ranks: int = 2, capacity: int = 16) -> None:
+    """Every rank records 8 rounds, idles (the counter advances, nothing recorded) up to round ``idle_to - 8``, then
+    records 8 more; each file's heartbeat says it has been open long enough for that many rounds (2 us a round)."""
+    for rank in range(ranks):
+        rec = recorder.Recorder(str(directory), capacity)
+        rec.open(None, ranks=(rank, ranks, rank, ranks, rank))
+        for i in range(16):
+            if i == 8:
+                rec.round = max(rec.round, idle_to - 8)
+            rec.enter()
+            rec.sync(2, 2, ALL_YES)
+            rec.draft_path(GRAPH, 8)
+        rec.close()
+        path = Path(rec.path or "")
+        (start_mono,) = struct.unpack_from("<q", path.read_bytes(), START_MONO)
+        patch(path, recfile.HEARTBEAT_OFFSET, "<QdqQ", 1, time.time(), start_mono + idle_to * 2000, 1)
+
+
+def timed_rollcall(capsys, directory: Path, *args: str) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    code, out = run_rollcall(capsys, str(directory), *args)
+    return code, out, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("idle_to", [10**7, 10**9])
+def test_idle_rounds_cost_nothing(tmp_path, capsys, idle_to):
+    """Before: one step per round number between the lowest and the highest (10^7 took 9 s; 10^9 never ended)."""
+    idle_group(tmp_path, idle_to)
+    code, out, took = timed_rollcall(capsys, tmp_path)
+    assert code == 0 and out.endswith(f"all 2 ranks agreed up to round {idle_to}, the last round of every rank\n")
+    assert took < 1.0, took
+
+
+@release_free
+def test_a_full_65536_record_ring_is_read_in_linear_time(tmp_path, capsys):
+    """Before: the latest round was looked up once per record (quadratic: a 65,536-record file did not finish)."""
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2, [GRAPH] * (recfile.MAX_CAPACITY + 5), capacity=recfile.MAX_CAPACITY)
+    code, out, took = timed_rollcall(capsys, tmp_path, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ranks"][0]["records"] == recfile.MAX_CAPACITY, data["answer"]
+    assert took < 3.0, took
+
+
+@pytest.mark.parametrize(
+    ("what", "corrupt"),
+    [
+        ("round_max_one_copy", lambda p: patch(p, record_offset(p, 20), "<Q", 2**64 - 1)),
+        ("round_max", lambda p: [patch(p, record_offset(p, 20) + o, "<Q", 2**64 - 1) for o in (24, 0)]),
+        ("round_ahead", lambda p: [patch(p, record_offset(p, 20) + o, "<Q", 21) for o in (24, 0)]),
+        ("entered_max", lambda p: patch(p, recfile.ENTERED_OFFSET, "<Q", 2**64 - 1)),
+        ("entered_far", lambda p: patch(p, recfile.ENTERED_OFFSET, "<Q", 10**12)),
+    ],
+)
+def test_a_field_that_cannot_be_true_is_named_and_never_blames_another_rank(tmp_path, capsys, what, corrupt):
+    """Before: one corrupted round in rank 0's file made rollcall blame the healthy rank 1 ("never reached round 21"),
+    and a round field of 2^64-1 never finished."""
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2, [GRAPH] * 20)
+    corrupt(rank_file(tmp_path, 0))
+    code, out, took = timed_rollcall(capsys, tmp_path, "--json")
+    data = json.loads(out)
+    assert took < 1.0, took
+    assert "never_reached" not in data and "behind_ranks" not in data and "divergence" not in data, data["answer"]
+    rank0, rank1 = data["ranks"]
+    assert rank1["implausible"] == [] and (rank0["implausible"] or what == "round_max_one_copy"), data["ranks"]
+    # a record cut in one copy is a half-written record (skipped); one whose copies agree on a round that cannot be
+    # true is named
+    assert code == (0 if what == "round_max_one_copy" else 2), data["answer"]
+    code, out = run_rollcall(capsys, str(tmp_path))
+    assert "cannot be true, not used: " in out or what == "round_max_one_copy", out
+
+
+@pytest.mark.parametrize(
+    ("offset", "fmt", "value"),
+    [
+        (48, "<d", float("nan")), (48, "<d", float("inf")), (48, "<d", -1e300), (48, "<d", 1e300),
+        (recfile.HEARTBEAT_OFFSET, "<QdqQ", (3, float("nan"), 5, 3)),
+        (recfile.HEARTBEAT_OFFSET, "<QdqQ", (3, float("-inf"), 5, 3)),
+        (recfile.HEARTBEAT_OFFSET, "<QdqQ", (3, 1e19, -1, 3)),
+    ],
+)  # fmt: skip
+def test_time_fields_that_are_not_times_give_no_traceback_and_strict_json(tmp_path, capsys, offset, fmt, value):
+    """Before: a time.gmtime traceback, and --json printed NaN/Infinity (not JSON)."""
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2, [GRAPH] * 3)
+    patch(rank_file(tmp_path, 1), offset, fmt, *(value if isinstance(value, tuple) else (value,)))
+    code, out = run_rollcall(capsys, str(tmp_path), "--json")
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"not strict JSON: {token}")
+
+    data = json.loads(out, parse_constant=refuse)
+    assert code == 2 and data["ranks"][1]["implausible"] and not data["ranks"][0]["implausible"], data
+    code, out = run_rollcall(capsys, str(tmp_path))
+    assert code == 2 and "cannot be true, not used: " in out, out
+
+
+def test_every_printed_field_is_escaped(tmp_path, capsys):
+    """Before: host and version fields from a file reached the terminal raw (escape sequences included)."""
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2, [GRAPH] * 3)
+    patch(rank_file(tmp_path, 1), HOST, "64s", b"evil\x1b]0;pwned\x07\x1b[2J\r\nhost")
+    weird = tmp_path / "sglang-dp-mtp-fix-\x1b[31m.rec"
+    weird.write_bytes(b"junk")
+    code, out = run_rollcall(capsys, str(tmp_path))
+    assert not any(not c.isprintable() for c in out.replace("\n", "")), repr(out)
+    assert "evil\\x1b]0;pwned\\x07\\x1b[2J\\r\\nhost" in out and "sglang-dp-mtp-fix-\\x1b[31m.rec" in out, out
+    assert json.loads(run_rollcall(capsys, str(tmp_path), "--json")[1])["ranks"][1]["host"].startswith("evil\x1b")
+
+
+def test_one_file_named_twice_is_read_once_and_a_bad_dp_rank_is_refused(tmp_path, capsys):
+    """Before: the same file named twice was "an older file" of itself; a negative DP rank was reported as is."""
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2, [GRAPH] * 3)
+    one = rank_file(tmp_path, 0)
+    code, out = run_rollcall(capsys, str(tmp_path), str(one), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["superseded"] == [] and data["notes"] == [f"{one}: the same file as {one} (read once)"]
+    patch(one, 24, "<i", -1)
+    code, out = run_rollcall(capsys, str(tmp_path))
+    assert code == 1 and f"refused {one}: corrupt header: dp rank -1 is not tp rank 0's" in out, out
+
+
+def test_mixed_versions_are_named(tmp_path, capsys):
+    """Before: files of different plugin and SGLang versions were compared as one group without a word."""
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2, [GRAPH] * 3)
+    patch(rank_file(tmp_path, 1), 64, "32s32s", b"0.0.1", b"0.5.99")
+    code, out = run_rollcall(capsys, str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 1 and data["verdict"] == "mixed_versions" and set(data["mixed_versions"]) == {"plugin", "sglang"}
+    assert data["mixed_versions"]["plugin"]["0.0.1"] == [1] and "different versions (plugin " in data["answer"]
+
+
+class Ticker:
+    """A heartbeat that ticks in a file (the monitor's store), ``skew_s`` off this host's clock."""
+
+    def __init__(self, path: Path, skew_s: float) -> None:
+        self.path, self.skew_s, self.stop = path, skew_s, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        ticks = 0
+        while not self.stop.wait(0.05):
+            ticks += 1
+            patch(self.path, recfile.HEARTBEAT_OFFSET, "<QdqQ", ticks, time.time() + self.skew_s, 1, ticks)
+
+
+@release_free
+def test_liveness_is_each_files_own_counter_never_a_clock_of_another_host(tmp_path, capsys, monkeypatch):
+    """Before: a live rank on a node whose clock is 60 s behind was called stopped (wall times compared across
+    hosts)."""
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2, [GRAPH] * 3)
+    far = rank_file(tmp_path, 1)
+    patch(far, HOST, "64s", b"node-b")
+    tickers = [Ticker(rank_file(tmp_path, 0), 0.0), Ticker(far, -60.0)]
+    try:
+        code, out = run_rollcall(capsys, str(tmp_path), "--settle", "0.5", "--json")
+        data = json.loads(out)
+        assert not any(r["stopped"] for r in data["ranks"]) and "stopped_ranks" not in data, data["answer"]
+        assert all(r["heartbeat_ticked"] for r in data["ranks"]), data["ranks"]
+        assert code == 1 and data["verdict"] == "stall_outside_vote", data["answer"]  # ticking, no round advances
+        code, out = run_rollcall(capsys, str(tmp_path), "--json")  # not watched: no clock compared across hosts
+        assert "stopped_ranks" not in json.loads(out), out
+        tickers[1].stop.set()  # node-b's rank stops ticking: named (by its counter) after the watch
+        tickers[1].thread.join()
+        monkeypatch.setattr(rollcall, "HEARTBEAT_STALE_S", 1.0)
+        code, out = run_rollcall(capsys, str(tmp_path), "--settle", "0.5", "--json")
+        data = json.loads(out)
+        assert code == 1 and data["stopped_ranks"] == [1], data["answer"]
+        assert "DP rank 1 stopped: its heartbeat stopped (another host or boot" in data["answer"], data["answer"]
+        assert "no tick while the others ticked" in data["answer"]
+    finally:
+        for t in tickers:
+            t.stop.set()
+            t.thread.join()

@@ -1,10 +1,8 @@
 """Command line: ``sglang-dp-mtp-fix doctor [--json]``, ``simulate``, ``rollcall DIR [DIR ...] [--json]``.
 
-``doctor`` runs the plugin's own checks without a GPU and without starting SGLang (it imports the target modules,
-changes nothing) and reports what ``load_plugins()`` would do in this environment. For a deferred patch (applied when
-its module is imported, e.g. the DSA patches) it imports that module in the doctor's own process and reports what the
-post-import hook would decide ("applied when ... is imported", or why not); superseded checks read the source text.
-Exit codes: 0 fixed or not affected; 1 an affected install would not be patched; 2 usage or configuration error.
+``doctor`` (``doctor``) runs the plugin's own checks and the launch's without a GPU and without starting SGLang, and
+reports what ``load_plugins()`` would do in this environment. Exit codes: 0 fixed or not affected; 1 an affected
+install would not be patched; 2 usage or configuration error (the verdict says whether the launch stops).
 
 ``rollcall`` reads the flight-recorder files (``SGLANG_DP_MTP_FIX_RECORDER_DIR``) of every rank and names the first
 round where ranks decided differently (``recorder``). Exit codes: 0 all agree; 1 a divergence, or a rank without a
@@ -14,121 +12,79 @@ file; 2 unreadable or incompatible files.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import math
 import os
 import re
 import sys
-from importlib.metadata import entry_points
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from sglang_dp_mtp_fix._version import __version__
-from sglang_dp_mtp_fix.config import MODE_ENV, PEER_TIMEOUT_ENV, REPORT_DIR_ENV, SKIP_ENV, Config, Mode, load_config
+from sglang_dp_mtp_fix.doctor import doctor_lines, doctor_report
+from sglang_dp_mtp_fix.doctor import entry_point_selected as entry_point_selected  # re-exported: its old home
 from sglang_dp_mtp_fix.harness import fuzz
-
-ENTRY_POINT_GROUP = "sglang.srt.plugins"
-ENTRY_POINT_NAME = "dp_mtp_fix"
+from sglang_dp_mtp_fix.rollcall import escape
 
 
-def entry_point_selected(environ: dict[str, str] | None = None) -> tuple[bool, str]:
-    """Would SGLang's ``load_plugins()`` run our entry point? (Same whitelist rule as SGLang.)"""
-    env = os.environ if environ is None else environ
-    installed = any(ep.name == ENTRY_POINT_NAME for ep in entry_points(group=ENTRY_POINT_GROUP))
-    if not installed:
-        return False, f"entry point {ENTRY_POINT_NAME!r} is not installed in group {ENTRY_POINT_GROUP}"
-    allowed = env.get("SGLANG_PLUGINS", "")
-    names = {x.strip() for x in allowed.split(",") if x.strip()}
-    if not names:
-        return True, "SGLANG_PLUGINS is unset or empty: SGLang loads every installed plugin"
-    if ENTRY_POINT_NAME in names:
-        return True, f"SGLANG_PLUGINS selects {ENTRY_POINT_NAME}"
-    return False, f"SGLANG_PLUGINS={allowed!r} does not include {ENTRY_POINT_NAME}"
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line on stderr and exit 2 (argparse's usage block is ``--help``'s)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
 
 
-def doctor_report() -> tuple[dict[str, Any], int]:
-    from sglang_dp_mtp_fix import report
-    from sglang_dp_mtp_fix.core import Status, plan
-    from sglang_dp_mtp_fix.patches import PATCH_IDS, all_patches
+def _bounded(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` from ``low`` to ``high`` (NaN and infinities refused)."""
 
-    config = load_config(PATCH_IDS)
-    outcomes = plan(all_patches(), config).check_deferred_all().outcomes  # checks only: nothing is changed
-    selected, why = entry_point_selected()
-    data: dict[str, Any] = {
-        "sglang_version": report.sglang_version(),
-        "plugin_version": __version__,
-        "mode": config.mode.value,
-        "skip": sorted(config.skip),
-        "peer_timeout_s": config.peer_timeout_s,
-        "report_dir": config.report_dir,
-        "config_error": config.error,
-        "entry_point_selected": selected,
-        "entry_point_reason": why,
-        "patches": [o.as_dict() for o in outcomes],
-    }
-    if config.error:
-        return data, 2
-    # The verdict is about the patches that fix; a diagnostic one (upstream_vote_watch) changes no decision.
-    fixing = {p.id for p in all_patches() if p.fixes}
-    statuses = {o.status for o in outcomes if o.id in fixing}
-    if Status.DISABLED in statuses:
-        # Disabled by the operator: is this install affected at all? (A not-affected or already fixed SGLang is fine
-        # whatever the switches say.)
-        underlying = plan(all_patches(), Config(mode=Mode.AUTO)).check_deferred_all().outcomes
-        data["without_switches"] = [o.as_dict() for o in underlying]
-        fixing_underlying = {o.status for o in underlying if o.id in fixing}
-        if fixing_underlying <= {Status.SUPERSEDED, Status.NOT_AFFECTED}:
-            statuses = fixing_underlying
-    fixed_or_clean = statuses <= {Status.APPLIED, Status.SUPERSEDED, Status.NOT_AFFECTED}
-    would_patch = Status.APPLIED in statuses
-    code = 0 if fixed_or_clean and (selected or not would_patch) else 1
-    watching = [o.id for o in outcomes if o.id not in fixing and o.status is Status.APPLIED]
-    data["verdict"] = _verdict(code, statuses, selected)
-    if code == 0 and watching and selected:
-        data["verdict"] += f"; the hang diagnosis ({', '.join(watching)}) will be applied when SGLang loads plugins"
-    return data, code
+    def parse(raw: str) -> Any:
+        try:
+            value = kind(raw)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:  # NaN fails both
+            what = f"an integer from {low} to {high}" if kind is int else f"a number from {low:g} to {high:g}"
+            raise argparse.ArgumentTypeError(f"{raw!r} is not {what}")
+        return value
+
+    return parse
 
 
-def _verdict(code: int, statuses: set[Any], selected: bool) -> str:
-    from sglang_dp_mtp_fix.core import Status
+def _parser() -> argparse.ArgumentParser:
+    from sglang_dp_mtp_fix import simulate
+    from sglang_dp_mtp_fix.rollcall import MAX_SETTLE_S
 
-    if code == 0 and Status.APPLIED in statuses:
-        return "affected release; the fix will be applied when SGLang loads plugins"
-    if code == 0:
-        return "nothing to do: this SGLang is not affected or already contains the fix"
-    if Status.APPLIED in statuses and not selected:
-        return "affected release, but SGLang will not load this plugin (see entry_point_reason)"
-    return "affected release, but the fix would NOT be applied (see the patch reasons)"
-
-
-def _print_text(data: dict[str, Any]) -> None:
-    print(f"sglang-dp-mtp-fix {data['plugin_version']} doctor")
-    print(f"  SGLang:       {data['sglang_version']}")
-    print(f"  mode:         {data['mode']} ({MODE_ENV})   skip: {', '.join(data['skip']) or '-'} ({SKIP_ENV})")
-    print(
-        f"  cross-rank:   wait up to {data['peer_timeout_s']:g}s ({PEER_TIMEOUT_ENV})   report files: "
-        f"{data['report_dir'] or '-'} ({REPORT_DIR_ENV})"
-    )
-    if data["config_error"]:
-        print(f"  CONFIG ERROR: {data['config_error']}")
-    selected = "selected" if data["entry_point_selected"] else "NOT selected"
-    print(f"  entry point:  {selected} - {data['entry_point_reason']}")
-    width = max(len(p["id"]) for p in data["patches"])
-    for p in data["patches"]:
-        print(f"  {p['id']:<{width}}  {p['status']:<13} {p['reason']}")
-    if "verdict" in data:
-        print(f"  verdict:      {data['verdict']}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang-dp-mtp-fix", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="sglang-dp-mtp-fix", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command")
     doc = sub.add_parser("doctor", help="report what the plugin would do here (no GPU, SGLang not started)")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
     sim = sub.add_parser("simulate", help="reproduce the hang and the fix on CPU ranks, stock vs patched")
-    sim.add_argument("--ranks", type=int, default=None, help="DP ranks, 2-8 (default 4, or the trace's width)")
-    sim.add_argument("--rounds", type=int, default=2000, help="decode rounds of the embedded trace (default 2000)")
-    sim.add_argument("--seed", type=int, default=0, help="seed of the embedded trace (default 0)")
-    sim.add_argument("--trace", type=str, default=None, help="JSON-lines trace file (schema: docs/simulate.md)")
+    low, high = simulate.MIN_RANKS, simulate.MAX_RANKS
+    sim.add_argument(
+        "--ranks",
+        type=_bounded(int, low, high),
+        default=None,
+        help=f"DP ranks, {low}-{high} (default 4, or the trace's width)",
+    )
+    sim.add_argument(
+        "--rounds",
+        type=_bounded(int, 1, simulate.MAX_ROUNDS),
+        default=2000,
+        help=f"decode rounds of the embedded trace, 1-{simulate.MAX_ROUNDS} (default 2000)",
+    )
+    sim.add_argument(
+        "--seed", type=_bounded(int, 0, 2**63 - 1), default=0, help="seed of the embedded trace, 0-2^63-1 (default 0)"
+    )
+    sim.add_argument(
+        "--trace",
+        type=str,
+        default=None,
+        help=f"JSON-lines trace file (schema: docs/simulate.md): {low}-{high} ranks, up to {simulate.MAX_ROUNDS} "
+        f"rounds, num_reqs 1-{simulate.MAX_NUM_REQS}; checked whole before any rank starts",
+    )
     sim.add_argument("--json", action="store_true", help="machine-readable output")
     fuzz.add_backend_arguments(sim)
     sim.add_argument(
@@ -141,16 +97,34 @@ def main(argv: list[str] | None = None) -> int:
     roll.add_argument("--json", action="store_true", help="machine-readable output")
     roll.add_argument(
         "--settle",
-        type=float,
+        type=_bounded(float, 0, MAX_SETTLE_S),
         default=1.5,
         metavar="S",
-        help="watch the ranks' rounds this long before judging a stall (default 1.5; 0: no stall judged, e.g. for "
-        "copied files)",
+        help="watch the ranks' heartbeats and rounds this long before judging (0 to 600, default 1.5; a rank not seen "
+        "ticking is watched up to 5 s; 0: not watched, no stall judged, e.g. for copied files)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console script. A closed pipe (``| head``) and Ctrl-C end quietly with the shell's codes (141, 130)."""
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return 2 if exc.code else 0
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except SystemExit as exc:  # argparse (--help, --version, a bad argument)
+        return exc.code if isinstance(exc.code, int) else (2 if exc.code else 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
@@ -159,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(data, indent=2))
         else:
-            _print_text(data)
+            for line in doctor_lines(data):
+                print(escape(line))
         return code
     if args.command == "simulate":
         return _simulate(args, parser)
@@ -182,23 +157,25 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sglang_dp_mtp_fix.harness.pool import RankError
 
     ranks = args.ranks if args.ranks is not None else (None if args.trace else 4)
-    if ranks is not None and not 2 <= ranks <= 8:
-        parser.error(f"--ranks must be between 2 and 8 (got {ranks})")
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1")
-    if args.trace and not Path(args.trace).is_file():
-        parser.error(f"--trace {args.trace}: no such file")
-    trace = Path(args.trace) if args.trace else None
+    trace = None
+    if args.trace:
+        if not Path(args.trace).is_file():
+            parser.error(f"--trace {args.trace}: no such file")
+        try:
+            trace = simulate.load_trace(Path(args.trace), ranks)  # the whole trace, before any rank starts
+        except simulate.TraceError as exc:
+            parser.error(f"--trace {exc}")
     backends = fuzz.backend_pair(args)
     try:
         data = simulate.simulate(
             ranks or 0,
             args.rounds,
             args.seed,
-            trace,
+            Path(args.trace) if args.trace else None,
             progress=not args.json,
             unguarded=args.unguarded,
             backends=backends,
+            trace=trace,
         )
     except RankError as exc:
         if backends is None:

@@ -3,7 +3,7 @@
 ``SGLANG_DP_MTP_FIX``       auto (default) | off (kill switch; SGLang's false spellings accepted) | strict
 ``SGLANG_DP_MTP_FIX_SKIP``  comma-separated patch ids to leave out (unknown ids are an error)
 ``SGLANG_DP_MTP_FIX_STATS`` log vote counters every N decode batches (unset/empty/0: off)
-``SGLANG_DP_MTP_FIX_PEER_TIMEOUT`` seconds the start-up cross-rank patch-state check waits for every rank (default 120)
+``SGLANG_DP_MTP_FIX_PEER_TIMEOUT`` seconds the start-up cross-rank check waits for every rank (1-3600, default 120)
 ``SGLANG_DP_MTP_FIX_REPORT_DIR`` an existing directory (absolute path) to write one report file per process into
 ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` an existing directory (absolute path) for one decision flight-recorder file per
                             patched scheduler (``recorder``; unset: nothing recorded, the vote path carries no code)
@@ -11,11 +11,14 @@
                             | off (SGLang's false spellings accepted)
 
 A bad value is never guessed at: it raises :class:`ConfigError` naming the variable and the accepted values, and the
-plugin leaves SGLang stock (``auto``) or stops the process (``strict``).
+plugin leaves SGLang stock (``auto``) or stops the process (``strict``). A variable named like these that the plugin
+does not know (``SGLANG_DP_MTP_FIX_MODE=off``: the kill switch is ``SGLANG_DP_MTP_FIX=off``) is one WARNING line at
+load naming the closest known name (``auto``; the rest applies as read), a configuration error in ``strict``.
 """
 
 from __future__ import annotations
 
+import difflib
 import enum
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,7 +41,27 @@ MAX_STALL_S = 86400.0
 # (``set_prometheus_multiproc_dir``); a scheduler therefore knows at plugin load whether metrics are on.
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 DEFAULT_PEER_TIMEOUT_S = 120.0
+MIN_PEER_TIMEOUT_S = 1.0  # every rank publishes over a TCP store: below a second the check only times out
 MAX_PEER_TIMEOUT_S = 3600.0
+
+# Every variable of the plugin's configuration (``doctor`` shows each with its value) ...
+CONFIG_NAMES = (
+    MODE_ENV,
+    SKIP_ENV,
+    STATS_ENV,
+    PEER_TIMEOUT_ENV,
+    REPORT_DIR_ENV,
+    RECORDER_DIR_ENV,
+    STALL_ENV,
+    METRICS_ENV,
+)
+# ... and the other names of the prefix: the CPU harness (simulate, tests) and the development scripts (tools/). Any
+# other name that starts with the prefix is a misspelling: named, with the closest known name, never silently ignored.
+OTHER_NAMES = (
+    "SGLANG_DP_MTP_FIX_HARNESS_START", "SGLANG_DP_MTP_FIX_HARNESS_EXTENSION", "SGLANG_DP_MTP_FIX_HARNESS_DEVICE_GROUP",
+    "SGLANG_DP_MTP_FIX_PORTS", "SGLANG_DP_MTP_FIX_VENVS", "SGLANG_DP_MTP_FIX_TEST_OUT", "SGLANG_DP_MTP_FIX_CI_PHASE",
+    "SGLANG_DP_MTP_FIX_CI_LIMIT_S",
+)  # fmt: skip
 
 # SGLang's own boolean parsing (sglang.srt.utils.get_bool_env_var / envs) treats these as false.
 _FALSE_SPELLINGS = frozenset({"off", "0", "false", "no", "n", "f", "disable", "disabled"})
@@ -80,6 +103,9 @@ class Config:
     export_metrics: bool = False
     recorder_dir: str | None = None  # None: no flight recorder (decided at load, like the counters)
     stall_s: float | None = DEFAULT_STALL_S  # None: no stall line (SGLANG_DP_MTP_FIX_STALL_S=off)
+    # (name, closest known name or None) of each SGLANG_DP_MTP_FIX* variable the plugin does not know: one WARNING at
+    # load (auto: the rest applies as read), a configuration error in strict
+    unknown: tuple[tuple[str, str | None], ...] = ()
     # Set when the config could not be parsed: the plugin then stays stock (auto) or stops (strict).
     error: str | None = None
 
@@ -147,10 +173,10 @@ def parse_peer_timeout(raw: str | None) -> float:
     digits = value.replace(".", "", 1)
     # Plain decimal only ("1e3", "inf", "nan", "-5" are refused): 0 would disable the check, so it is refused too.
     seconds = float(value) if digits.isdigit() else 0.0
-    if not 0 < seconds <= MAX_PEER_TIMEOUT_S:
+    if not MIN_PEER_TIMEOUT_S <= seconds <= MAX_PEER_TIMEOUT_S:
         raise ConfigError(
-            f"{PEER_TIMEOUT_ENV}={raw!r} is not a timeout; accepted values: seconds as a plain decimal number, "
-            f"above 0 and at most {MAX_PEER_TIMEOUT_S:g} (default {DEFAULT_PEER_TIMEOUT_S:g}), or empty (default)"
+            f"{PEER_TIMEOUT_ENV}={raw!r} is not a timeout; accepted values: seconds as a plain decimal number from "
+            f"{MIN_PEER_TIMEOUT_S:g} to {MAX_PEER_TIMEOUT_S:g} (default {DEFAULT_PEER_TIMEOUT_S:g}), or empty (default)"
         )
     return seconds
 
@@ -198,6 +224,24 @@ def parse_metrics(raw: str | None) -> bool:
     )
 
 
+def unknown_variables(environ: Mapping[str, str]) -> tuple[tuple[str, str | None], ...]:
+    """The variables named like the plugin's that it does not know, each with the closest configuration name."""
+    known = set(CONFIG_NAMES) | set(OTHER_NAMES)
+    found = sorted(name for name in environ if name.startswith(MODE_ENV) and name not in known)
+    return tuple(
+        (name, next(iter(difflib.get_close_matches(name, CONFIG_NAMES, n=1, cutoff=0.6)), None)) for name in found
+    )
+
+
+def unknown_line(unknown: Sequence[tuple[str, str | None]]) -> str:
+    """One line for every unknown variable (the load's WARNING, doctor, strict's error)."""
+    parts = [f"{name} ({f'did you mean {close}?' if close else 'no such variable'})" for name, close in unknown]
+    return (
+        f"unknown variable(s) ignored: {', '.join(parts)}; the variables are {', '.join(CONFIG_NAMES)} "
+        f"({MODE_ENV}=off is the kill switch)"
+    )
+
+
 def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = None) -> Config:
     """Parse the environment. Never raises: a bad value yields ``Config(error=...)``.
 
@@ -205,11 +249,14 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
     A strict mode with a bad skip list still stops the process (the caller checks ``strict`` and ``error``).
     """
     env = os.environ if environ is None else environ
+    unknown = unknown_variables(env)
     try:
         mode = parse_mode(env.get(MODE_ENV))
     except ConfigError as exc:
-        return Config(mode=Mode.AUTO, error=str(exc))
+        return Config(mode=Mode.AUTO, error=str(exc), unknown=unknown)
     try:
+        if unknown and mode is Mode.STRICT:
+            raise ConfigError(unknown_line(unknown))
         skip = parse_skip(env.get(SKIP_ENV), known_ids)
         stats_every = parse_stats(env.get(STATS_ENV))
         peer_timeout_s = parse_peer_timeout(env.get(PEER_TIMEOUT_ENV))
@@ -218,8 +265,9 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
         recorder_dir = parse_report_dir(env.get(RECORDER_DIR_ENV), RECORDER_DIR_ENV)
         stall_s = parse_stall(env.get(STALL_ENV))
     except ConfigError as exc:
-        return Config(mode=mode, error=str(exc))
+        return Config(mode=mode, error=str(exc), unknown=unknown)
     return Config(
+        unknown=unknown,
         mode=mode,
         skip=skip,
         stats_every=stats_every,

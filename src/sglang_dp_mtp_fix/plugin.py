@@ -19,7 +19,7 @@ import threading
 from typing import Any
 
 from sglang_dp_mtp_fix import _version, metrics, monitor, peers, recorder, report, stats, transport
-from sglang_dp_mtp_fix.config import Config, load_config
+from sglang_dp_mtp_fix.config import Config, load_config, unknown_line
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, groups
 from sglang_dp_mtp_fix.errors import StartupHazard as StartupHazard  # re-exported: its old home
 from sglang_dp_mtp_fix.errors import StrictModeAbort as StrictModeAbort
@@ -48,6 +48,8 @@ def register() -> list[Outcome]:
         return manager.outcomes
     config = load_config(manager.ids)
     last_config = config
+    if config.unknown and not config.strict:  # strict: a configuration error, the problem line below
+        report.logger.warning("sglang-dp-mtp-fix: %s", unknown_line(config.unknown))
     manager.on_deferred = functools.partial(_deferred_outcome, manager, config)
     outcomes = manager.apply(config)
     problem = report.problem_line(outcomes, config)

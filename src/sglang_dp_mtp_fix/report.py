@@ -9,10 +9,11 @@ mode. The seam removes itself once it has fired and is removed by ``restore()``;
 line is logged at once. Problems are also logged immediately at WARNING so they are never lost.
 
 Report files: only when ``SGLANG_DP_MTP_FIX_REPORT_DIR`` is set, one JSON file per process,
-``sglang-dp-mtp-fix-<hostname>-<pid>.json``, in that directory and nowhere else. The directory must already exist and
-must not itself be a symbolic link (its parents may be; the last component is opened with ``O_NOFOLLOW`` and the
-file is created relative to that open directory). The file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and
-mode 0644 (less under a stricter umask): an existing file or link of that name is never followed or overwritten.
+``sglang-dp-mtp-fix-<hostname>-<pid>-<token>.json`` (a random token per process), in that directory and nowhere
+else. The directory must already exist and must not itself be a symbolic link (its parents may be; the last
+component is opened with ``O_NOFOLLOW`` and the file is created relative to that open directory). The file is
+created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0644 (less under a stricter umask): an existing file or link
+of that name is never followed or overwritten.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import logging.config
 import os
 import re
+import secrets
 import socket
 import stat
 from collections.abc import Callable, Sequence
@@ -122,9 +124,22 @@ class PendingLine:
         self._installed.clear()
 
 
+# A restarted container reuses PIDs: with the PID alone the new process's file would be the old one's name (refused:
+# never overwritten). A token per process start (the flight recorder's names do the same).
+_TOKEN = secrets.token_hex(4)
+
+
 def report_file_name() -> str:
     host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"  # a file name, whatever the hostname
-    return f"sglang-dp-mtp-fix-{host}-{os.getpid()}.json"
+    return f"sglang-dp-mtp-fix-{host}-{os.getpid()}-{_TOKEN}.json"
+
+
+def _new_token_after_fork() -> None:
+    global _TOKEN
+    _TOKEN = secrets.token_hex(4)
+
+
+os.register_at_fork(after_in_child=_new_token_after_fork)
 
 
 def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object]:
@@ -141,6 +156,7 @@ def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object
             "peer_timeout_s": config.peer_timeout_s,
             "report_dir": config.report_dir,
             "recorder_dir": config.recorder_dir,
+            "unknown_variables": [name for name, _ in config.unknown],
             "error": config.error,
         },
         "patches": [o.as_dict() for o in outcomes],
@@ -148,10 +164,8 @@ def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object
     }
 
 
-def create_in_directory(directory: str, env_name: str, name: str, flags: int = os.O_WRONLY) -> tuple[int, str]:
-    """Create ``name`` in ``directory`` under the report-file rules (module doc): the directory must exist and not be
-    a symbolic link, the file must not exist (never followed, never overwritten). Returns (fd, path); raises
-    ReportFileError naming the variable, the path and the reason. Shared with the flight recorder."""
+def check_directory(directory: str, env_name: str) -> None:
+    """The directory rules (module doc): exists, a directory, not a symbolic link; raises ReportFileError."""
     where = f"{env_name}={directory}"
     try:
         st = os.lstat(directory)
@@ -161,6 +175,26 @@ def create_in_directory(directory: str, env_name: str, name: str, flags: int = o
         raise ReportFileError(f"{where} is a symbolic link; refusing to follow it (point the variable at the real one)")
     if not stat.S_ISDIR(st.st_mode):
         raise ReportFileError(f"{where} is not a directory")
+
+
+def directory_problem(directory: str, env_name: str) -> str | None:
+    """What ``create_in_directory`` would refuse, checked without creating anything (``doctor``): the directory
+    rules, and whether this user can create a file there."""
+    try:
+        check_directory(directory, env_name)
+    except ReportFileError as exc:
+        return str(exc)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{env_name}={directory}: this user cannot create a file there (permissions, or a read-only filesystem)"
+    return None
+
+
+def create_in_directory(directory: str, env_name: str, name: str, flags: int = os.O_WRONLY) -> tuple[int, str]:
+    """Create ``name`` in ``directory`` under the report-file rules (module doc): the directory must exist and not be
+    a symbolic link, the file must not exist (never followed, never overwritten). Returns (fd, path); raises
+    ReportFileError naming the variable, the path and the reason. Shared with the flight recorder."""
+    where = f"{env_name}={directory}"
+    check_directory(directory, env_name)
     path = os.path.join(directory, name)
     try:
         # Open the directory itself without following a link swapped in since the lstat, then create relative to it.

@@ -41,6 +41,17 @@ STATE_KEYS = {
     "has_draft_worker",
 }  # fmt: skip
 CHUNK = 100
+# What simulate takes (a run is seconds per thousand rounds on CPU; a request costs memory in every round it is in)
+MIN_RANKS, MAX_RANKS = 2, 8
+MAX_ROUNDS = 100_000
+MAX_NUM_REQS = 1024
+MAX_TRACE_BYTES = 64 << 20
+BOOL_KEYS = frozenset(STATE_KEYS - {"kind", "num_reqs", "future_flag"})
+
+
+class TraceError(ValueError):
+    """A trace file simulate refuses: one line naming the file, the line and what is wrong (the CLI's exit 2)."""
+
 
 REAL = [
     "SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run (PD-decode round)",
@@ -94,27 +105,65 @@ def generate_trace(ranks: int, rounds: int, seed: int, wide: bool = False) -> li
     return trace
 
 
+def state_problem(state: Any) -> str | None:
+    """What is wrong with one rank's state of a trace line (the schema in the module doc), None if nothing."""
+    if not isinstance(state, dict):
+        return f"a rank state is a JSON object, not {json.dumps(state)[:40]}"
+    unknown = sorted(set(state) - STATE_KEYS)
+    if unknown:
+        return f"unknown key(s) {', '.join(map(repr, unknown))} (keys: {', '.join(sorted(STATE_KEYS))})"
+    if state.get("kind", "decode") not in ("none", "idle", "decode"):
+        return f"kind {json.dumps(state.get('kind'))[:40]} is not one of none, idle, decode"
+    n = state.get("num_reqs", 1)
+    if type(n) is not int or not 1 <= n <= MAX_NUM_REQS:
+        return f"num_reqs {json.dumps(n)[:40]} is not an integer from 1 to {MAX_NUM_REQS}"
+    for key in sorted(BOOL_KEYS & set(state)):
+        if not isinstance(state[key], bool):
+            return f"{key} {json.dumps(state[key])[:40]} is not true or false"
+    if state.get("future_flag") is not None and not isinstance(state["future_flag"], bool):
+        return f"future_flag {json.dumps(state['future_flag'])[:40]} is not true, false or null"
+    return None
+
+
 def load_trace(path: Path, ranks: int | None) -> list[list[dict[str, Any]]]:
+    """Read and check a whole trace file before any rank starts; raises TraceError (one line) on the first problem."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TRACE_BYTES + 1)
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    if len(raw) > MAX_TRACE_BYTES:
+        raise TraceError(f"{path}: larger than {MAX_TRACE_BYTES >> 20} MiB")
     trace: list[list[dict[str, Any]]] = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        where = f"{path}:{lineno}"
         try:
             row = json.loads(line)
-            states = row["ranks"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SystemExit(f'{path}:{lineno}: not a trace line ({exc}); expected {{"ranks": [STATE, ...]}}') from None
-        for state in states:
-            unknown = set(state) - STATE_KEYS
-            if unknown or state.get("kind", "decode") not in ("none", "idle", "decode"):
-                raise SystemExit(f"{path}:{lineno}: bad rank state {state} (keys: {sorted(STATE_KEYS)})")
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep for the decoder
+            raise TraceError(f'{where}: not JSON ({exc}); expected {{"ranks": [STATE, ...]}}') from None
+        states = row.get("ranks") if isinstance(row, dict) else None
+        if not isinstance(states, list):
+            raise TraceError(f'{where}: expected {{"ranks": [STATE, ...]}}, got {line.strip()[:40]}')
+        for rank, state in enumerate(states):
+            problem = state_problem(state)
+            if problem:
+                raise TraceError(f"{where}: bad rank state of rank {rank}: {problem}")
+        if not MIN_RANKS <= len(states) <= MAX_RANKS:
+            raise TraceError(f"{where}: {len(states)} rank states; simulate runs {MIN_RANKS} to {MAX_RANKS} ranks")
         if trace and len(states) != len(trace[0]):
-            raise SystemExit(f"{path}:{lineno}: {len(states)} ranks, earlier lines have {len(trace[0])}")
+            raise TraceError(f"{where}: {len(states)} ranks, earlier lines have {len(trace[0])}")
+        if len(trace) == MAX_ROUNDS:
+            raise TraceError(f"{path}: more than {MAX_ROUNDS} rounds")
         trace.append(states)
     if not trace:
-        raise SystemExit(f"{path}: empty trace")
+        raise TraceError(f"{path}: empty trace")
     if ranks is not None and ranks != len(trace[0]):
-        raise SystemExit(f"{path}: the trace has {len(trace[0])} ranks, --ranks says {ranks}")
+        raise TraceError(f"{path}: the trace has {len(trace[0])} ranks, --ranks says {ranks}")
     return trace
 
 
@@ -248,13 +297,16 @@ def simulate(
     progress: bool,
     unguarded: bool = False,
     backends: tuple[str, str] | None = None,
+    trace: list[list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
+    """``trace``: already loaded and checked (the CLI's, before any rank starts); else ``trace_path`` or the
+    embedded trace."""
     from sglang_dp_mtp_fix.harness.pool import RankPool
 
     wide = backends is not None and backends[0] != backends[1]
-    if trace_path:
+    if trace is None and trace_path:
         trace = load_trace(trace_path, ranks if ranks else None)
-    else:
+    elif trace is None:
         trace = generate_trace(ranks, rounds, seed, wide)
     world = len(trace[0])
     if progress:
