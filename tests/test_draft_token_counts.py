@@ -336,7 +336,7 @@ def test_multi_layer_eagle_keeps_the_target_counts_on_every_dp_rank(restored, mo
 
 
 @pytest.mark.parametrize("target,draft", [("none", "none"), ("deepep", "deepep")])
-def test_equal_backends_lend_nothing_and_read_nothing_per_round(restored, monkeypatch, target, draft):
+def test_equal_backends_lend_nothing_and_read_nothing_per_round(restored, monkeypatch, mocker, target, draft):
     """Equal backends answer alike every round (the draft's context changes only the backend that
     ``require_mlp_tp_gather`` reads): the draft counts are None each round, also over a stale list, and SGLang's
     answer is not asked per round (the sync path's cost)."""
@@ -352,10 +352,8 @@ def test_equal_backends_lend_nothing_and_read_nothing_per_round(restored, monkey
     restored.register()
     batch = ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE)
     dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 12]), target == "none")  # first round
-    asked = []
-    original = common.require_mlp_tp_gather
-    monkeypatch.setattr(common, "require_mlp_tp_gather", lambda *a, **k: asked.append(1) or original(*a, **k))
+    asked = mocker.spy(common, "require_mlp_tp_gather")
     batch.draft_global_num_tokens = batch.draft_global_num_tokens_for_logprob = [7, 7]  # a stale list
     dp_attn._update_gather_batch(batch, GatheredSyncInfoStandIn(2, [2, 12]), target == "none")
     assert batch.draft_global_num_tokens is None and batch.draft_global_num_tokens_for_logprob is None
-    assert asked == []
+    asked.assert_not_called()

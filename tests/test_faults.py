@@ -22,6 +22,10 @@ How a fault is made (SGLang itself is never edited on disk; ``monkeypatch`` undo
     already live, so the rollback is exercised).
   * foreign hook: a ``functools.wraps`` wrapper from this file sits on the target (ADD: the attribute already
     exists, as if another plugin added it).
+  * wrapt hook: ``wrapt.wrap_function_wrapper`` on the target, as OpenTelemetry's and ddtrace's integrations do it.
+    Its ``FunctionWrapper`` forwards ``__code__``, ``__class__`` and ``__func__`` to the function it wraps.
+  * ddtrace hook: ddtrace's in-place wrapping (``ddtrace.internal.wrapping``) keeps the function object and its file,
+    swaps its code and marks it with ``__dd_wrapped__``; made here as the mark on the real function.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 FAULTS = ("missing", "renamed", "signature", "drifted", "raising", "foreign_hook")
+# Other plugins' wrappers, judged by the same check as foreign_hook (core/checks.py: _foreign_hook): run as its twins.
+# Kept out of FAULTS, which test_deferred.py also runs in fresh processes per deferred target.
+WRAPPER_FAULTS = ("wrapt_hook", "ddtrace_hook")
 FAULT_PROPERTY = "fault_injection"  # user property read by fault_summary.py
 # Faults that run the plugin's code path of another fault ("twin" -> the fault whose path it shares): a renamed target
 # fails to resolve exactly as a missing one does, and a drifted body fails the same source-fingerprint comparison as
@@ -60,7 +67,7 @@ FAULT_PROPERTY = "fault_injection"  # user property read by fault_summary.py
 # every patch applies, and, for a target that release lacks (the generated fingerprints' "absent" list), wherever the
 # target exists; the fault whose path it shares runs on every affected release. docs/development.md has the coverage
 # table.
-TWINS = {"renamed": "missing", "drifted": "signature"}
+TWINS = {"renamed": "missing", "drifted": "signature", "wrapt_hook": "foreign_hook", "ddtrace_hook": "foreign_hook"}
 
 
 def twin_elsewhere(target: Target) -> bool:
@@ -73,6 +80,8 @@ def not_applicable(target: Target, fault: str) -> str | None:
     """Why ``fault`` cannot be made on ``target`` (by its kind), or None."""
     if target.kind is Kind.ADD and fault in ("signature", "drifted"):
         return "an ADD target is a new attribute: it has no existing signature or body to drift"
+    if target.kind is Kind.ADD and fault in WRAPPER_FAULTS:
+        return "an ADD target is a new attribute: there is nothing to wrap (foreign_hook covers one already there)"
     if fault in ("signature", "drifted") and not target.fingerprinted:
         return "target is not fingerprinted (declared so by its patch)"
     if target.kind is Kind.CHECK and fault == "raising":
@@ -86,10 +95,13 @@ def _cases() -> list[Any]:
     cases = []
     for patch in all_patches():
         for target in patch.targets:
-            for fault in FAULTS:
+            for fault in (*FAULTS, *WRAPPER_FAULTS):
                 why = not_applicable(target, fault)
                 marks = [pytest.mark.skip(reason=f"n/a ({target.kind.value} target): {why}")] if why else []
-                if not why and fault in TWINS and twin_elsewhere(target):
+                # A wrapper fault runs where its patch applies: on FAULT_TWIN_RELEASE, or where the patch was written
+                # for when that is elsewhere (upstream_vote_watch: 0.5.21+).
+                elsewhere = fault not in WRAPPER_FAULTS or FAULT_TWIN_RELEASE in patch.written_for
+                if not why and fault in TWINS and twin_elsewhere(target) and elsewhere:
                     twin = f"{fault} runs on {FAULT_TWIN_RELEASE} only: it takes the code path of {TWINS[fault]}"
                     marks = [pytest.mark.skip(reason=f"{twin}, which runs here")]
                 on = "class-" if target.kind is Kind.ADD and fault in ("missing", "renamed") else ""
@@ -267,6 +279,8 @@ def inject(patch_id: str, target: Target, fault: str, monkeypatch: pytest.Monkey
         monkeypatch.setattr(patch_cls, "replacements", replacements)
         return target.name
     raw = site.__dict__.get(name, inspect.getattr_static(site, name))
+    if fault in WRAPPER_FAULTS:
+        return _other_plugins_wrapper(target, raw, fault, monkeypatch)
     if fault in ("signature", "drifted"):
         monkeypatch.setattr(site, name, _variant(raw, fault, monkeypatch))
         return name
@@ -283,6 +297,24 @@ def inject(patch_id: str, target: Target, fault: str, monkeypatch: pytest.Monkey
         owner, attr = _resolve_path(target.module, target.qualname)
         monkeypatch.setattr(owner, attr, hooked)
         return name
+
+
+def _other_plugins_wrapper(target: Target, raw: Any, fault: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Another plugin's real wrapper on the target; monkeypatch puts the stock attribute back."""
+    owner, attr = _resolve_path(target.module, target.qualname)
+    monkeypatch.setattr(owner, attr, inspect.getattr_static(owner, attr))  # no change: records what the undo restores
+    if fault == "wrapt_hook":
+        import wrapt
+
+        def traced(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            return wrapped(*args, **kwargs)
+
+        wrapt.wrap_function_wrapper(target.module, target.qualname, traced)
+        assert isinstance(inspect.getattr_static(owner, attr), wrapt.FunctionWrapper)
+    else:
+        func = fp.function_of(raw)
+        monkeypatch.setattr(func, "__dd_wrapped__", functools.partial(func), raising=False)
+    return attr
 
 
 @pytest.mark.parametrize(("patch_id", "target", "fault"), _cases())

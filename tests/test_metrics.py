@@ -7,7 +7,7 @@ import pytest
 from support import affected_only
 from test_stats import SCRIPT, SEEDED
 
-from sglang_dp_mtp_fix import metrics
+from sglang_dp_mtp_fix import __version__, metrics
 
 pytestmark = affected_only
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -80,7 +80,9 @@ def test_metrics_count_a_scripted_trace_exactly_per_rank(rank_pool, tmp_path):
     }
     info = [s for s in got[metrics.PATCH_INFO]]
     assert {(s.labels["dp_rank"], s.labels["patch"]) for s in info} >= {(str(r), "draft_graph_vote") for r in range(4)}
-    assert all(s.value == 1 and s.labels["version"] and s.labels["tp_rank"] == s.labels["dp_rank"] for s in info)
+    assert all(
+        s.value == 1 and s.labels["version"] == __version__ and s.labels["tp_rank"] == s.labels["dp_rank"] for s in info
+    )
     assert {s.labels["status"] for s in info if s.labels["patch"] == "draft_graph_vote"} == {"applied"}
 
 

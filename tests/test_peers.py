@@ -142,12 +142,20 @@ def test_a_rank_with_a_skip_list_is_named(ranks):
 
 
 @affected_only
-def test_a_rank_with_another_plugin_version_stops_every_rank_naming_the_difference(ranks):
-    results = ranks(fake_version={0: "0.0.1-other-node"})
+def test_a_rank_with_another_build_of_the_same_release_stops_every_rank_naming_both(ranks):
+    # Another commit since the same release: its build's version, worked out by the build backend from git (as a
+    # node installed from that commit would carry it); the other ranks run this checkout's own build.
+    from test_version import ROOT, _backend
+
+    from sglang_dp_mtp_fix import __version__, _version
+
+    other = _backend().from_git(ROOT, "HEAD~1") or _backend().compose(_version.RELEASE, 4, "1a2b3c4d")
+    assert other != __version__, other
+    results = ranks(fake_version={0: other})
     for r in range(WORLD):
         error = results[r]["error"] or ""
-        assert "ranks [0] differ from ranks [1, 2]" in error and "plugin version" in error, results[r]
-        assert "0.0.1-other-node" in error
+        assert "ranks [0] differ from ranks [1, 2]" in error, results[r]
+        assert f"plugin version: {__version__} vs {other}" in error, error
 
 
 @affected_only

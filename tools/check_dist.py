@@ -24,9 +24,11 @@ WHEEL_FILES = (
     "sglang_dp_mtp_fix/harness/dummy_model/config.json",
     "sglang_dp_mtp_fix/plugin.py",
     "sglang_dp_mtp_fix/cli.py",
+    "sglang_dp_mtp_fix/_build_version.py",  # the version the build named (buildsys/version_backend.py)
 )
-SDIST_FILES = ("pyproject.toml", "README.md", "src/sglang_dp_mtp_fix/py.typed",
-               "src/sglang_dp_mtp_fix/fingerprints/sglang.json")  # fmt: skip
+SDIST_FILES = ("pyproject.toml", "README.md", "CHANGELOG.md", "src/sglang_dp_mtp_fix/py.typed",
+               "src/sglang_dp_mtp_fix/fingerprints/sglang.json", "src/sglang_dp_mtp_fix/_build_version.py",
+               "buildsys/version_backend.py")  # fmt: skip
 
 
 def check_wheel(path: Path, root: Path) -> list[str]:

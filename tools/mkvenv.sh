@@ -15,7 +15,7 @@
 # .checkout and refuses any other, so two checkouts never test each other's code or delete each other's venvs.
 set -euo pipefail
 RECIPE_ID=r5   # bump when the recipe below changes: cached venvs are then rebuilt
-TOOLS_ID=tools-r4  # bump when the tools' pins below change
+TOOLS_ID=tools-r5  # bump when the tools' pins below change
 if [[ ${1:-} == --recipe-id ]]; then echo "$RECIPE_ID"; exit 0; fi
 V=${1:?usage: mkvenv.sh SGLANG_VERSION|tools|--root|--recipe-id}
 ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
@@ -44,13 +44,14 @@ if [[ $V == tools ]]; then
   if [[ ! -f "$T/.complete" ]]; then
     rm -rf "$T"; python3 -m venv "$T"
     log=$(mktemp)
-    if ! "$T/bin/pip" install -q ruff==0.17.6 mypy==2.4.1 build==1.6.1 packaging==26.4 uv==0.13.9 > "$log" 2>&1; then
+    if ! "$T/bin/pip" install -q ruff==0.17.6 mypy==2.4.1 build==1.6.1 packaging==26.4 uv==0.13.9 \
+      twine==7.0.0 > "$log" 2>&1; then
       quiet < "$log" >&2; rm -f "$log"; echo "!!! the tools venv's pip install failed (above)" >&2; exit 1
     fi
     rm -f "$log"
     # complete only once every tool answers
     { "$T/bin/ruff" --version && "$T/bin/mypy" --version && "$T/bin/python" -m build --version &&
-      "$T/bin/uv" --version &&
+      "$T/bin/uv" --version && "$T/bin/twine" --version &&
       "$T/bin/python" -c "import packaging; print('packaging', packaging.__version__)"; } >&2 ||
       { echo "!!! a tool of $T does not answer --version" >&2; exit 1; }
     touch "$T/.complete"

@@ -65,7 +65,8 @@ def _ends_at(lines: list[str], start: int, count: int) -> bool:
 
 def function_of(obj: Any) -> Any:
     """The plain function behind a ``classmethod``/``staticmethod`` object (anything else unchanged)."""
-    return obj.__func__ if isinstance(obj, (classmethod, staticmethod)) else obj
+    # The exact type: a wrapt proxy of a classmethod passes isinstance and would hand back the unwrapped function.
+    return obj.__func__ if type(obj) in (classmethod, staticmethod) else obj
 
 
 def fingerprint_object(obj: Any, known_texts: dict[str, tuple[int, str]] | None = None) -> str:

@@ -315,16 +315,16 @@ def test_classification_matches_the_code():
         assert expected_applied is (SGLANG_VERSION in APPLIED)
 
 
-def test_only_eager_draft_decode_batches_are_recorded_and_the_record_is_consumed():
+def test_only_eager_draft_decode_batches_are_recorded_and_the_record_is_consumed(mocker):
     """Target-verify / draft-extend / plain batches are never touched; each prepare replaces the record; the matching
     post_forward consumes it (the originals are recording fakes here: the gating is the wrapper's own logic)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.spec_info import SpecInputType
 
-    calls: list[str] = []
+    originals = mocker.Mock()  # one parent: its mock_calls keep the order of both originals' calls
     resolved = {
-        dlr.PREPARE: Resolved(dlr.PREPARE, None, "prepare", lambda self, runner: calls.append("prepare"), True),
-        dlr.POST_FORWARD: Resolved(dlr.POST_FORWARD, None, "post", lambda self, out: calls.append("post"), True),
+        dlr.PREPARE: Resolved(dlr.PREPARE, None, "prepare", originals.prepare, True),
+        dlr.POST_FORWARD: Resolved(dlr.POST_FORWARD, None, "post", originals.post, True),
     }
     from sglang_dp_mtp_fix.config import Config
 
@@ -348,7 +348,7 @@ def test_only_eager_draft_decode_batches_are_recorded_and_the_record_is_consumed
     assert forward(SpecInputType.EAGLE_DRAFT_EXTEND, ForwardMode.DRAFT_EXTEND_V2) == (None, 3, 3)
     assert forward(SpecInputType.EAGLE_DRAFT_EXTEND, ForwardMode.IDLE) == (None, 3, 3)
     assert forward(None, ForwardMode.DECODE) == (None, 3, 3)
-    assert calls == ["prepare", "post"] * 7
+    assert [name for name, _, _ in originals.mock_calls] == ["prepare", "post"] * 7
     # a draft batch whose logits came back short: the PR's clear error, naming the tensor and both counts
     draft = SimpleNamespace(spec_input_type=SpecInputType.EAGLE_DRAFT)
     fb = SimpleNamespace(

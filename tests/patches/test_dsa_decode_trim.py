@@ -389,33 +389,31 @@ def test_forward_batch_is_restored_when_the_body_raises(restored, kernels):
     assert backend.forward_metadata is metadata
 
 
-def test_unpadded_trtllm_and_hisparse_calls_are_the_stock_call(restored, kernels):
+def test_unpadded_trtllm_and_hisparse_calls_are_the_stock_call(restored, kernels, mocker):
     """Graph capture/replay and non-DP decode (rows equal), the TRT-LLM route (dsa_trtllm_trim's seam), HiSparse:
     the original gets the very same objects."""
     restored.register()
     from sglang_dp_mtp_fix.patches.dsa_decode_trim import make_forward_decode
 
-    seen: list = []
-
-    def spy(self, q, *args, **kwargs):
-        seen.append(q)
-        return "stock"
-
-    wrapper = make_forward_decode(spy)
+    original = mocker.Mock(return_value="stock")
+    wrapper = make_forward_decode(original)
     cases = [("tilelang", 4, {}), ("trtllm", 2, {}), ("tilelang", 2, {"hisparse_coordinator": object()})]
     for impl, real, extra in cases:
         backend = make_backend(impl, real, True, kernels, physical=4)
         backend.__dict__.update(extra)
         inputs = decode_inputs(4, real, fused=True)
-        assert wrapper(backend, inputs["q"], inputs["k"], inputs["v"], inputs["layer"], inputs["forward_batch"]) \
-            == "stock"  # fmt: skip
-        assert seen.pop() is inputs["q"]
+        args = (backend, inputs["q"], inputs["k"], inputs["v"], inputs["layer"], inputs["forward_batch"])
+        assert wrapper(*args) == "stock"
+        original.assert_called_once()
+        got = original.call_args.args  # the defaults the wrapper spells out follow the arguments given
+        assert len(got) > len(args) and all(g is sent for g, sent in zip(got[: len(args)], args, strict=True))
+        original.reset_mock()
 
 
 # -- the idle-rank side ----------------------------------------------------------------------------------------------
 
 
-def test_idle_rank_never_reaches_a_decode_backend(restored, kernels):
+def test_idle_rank_never_reaches_a_decode_backend(restored, kernels, mocker):
     """An idle DP rank's eager round: SGLang's real AttentionBackend.forward returns early for IDLE (before any
     forward_decode/_forward_*), so only index selection (dsa_idle_index) meets its zero-row metadata."""
     restored.register()
@@ -424,8 +422,8 @@ def test_idle_rank_never_reaches_a_decode_backend(restored, kernels):
     backend = make_backend("flashmla_kv", 1, False, kernels)
     inputs = decode_inputs(2, 1, fused=False)
     forward_batch = types.SimpleNamespace(forward_mode=ForwardMode.IDLE)
-    calls = []
-    backend.forward_decode = lambda *a, **kw: calls.append(a)  # must not be called
+    backend.forward_decode = mocker.Mock()
     out = backend.forward(inputs["q"], inputs["k"], inputs["v"], inputs["layer"], forward_batch,
                           q_rope=inputs["q_rope"], k_rope=inputs["k_rope"], topk_indices=inputs["topk"])  # fmt: skip
-    assert out.shape == (2, HEADS * KV_LORA) and calls == [] and kernels.batches == []
+    assert out.shape == (2, HEADS * KV_LORA) and kernels.batches == []
+    backend.forward_decode.assert_not_called()

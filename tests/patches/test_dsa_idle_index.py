@@ -184,28 +184,21 @@ def test_patched_idle_rank_returns_all_invalid_rows_of_the_physical_shape(restor
 
 
 @pytest.mark.parametrize("return_indices", [True, False])
-def test_broadcast_then_capture_as_upstream(restored, trace, module, monkeypatch, return_indices):
-    """The idle result goes through SGLang's own broadcast, then the top-k capturer (the real ones, recorded)."""
+def test_broadcast_then_capture_as_upstream(restored, trace, module, monkeypatch, mocker, return_indices):
+    """The idle result goes through SGLang's own broadcast, then the top-k capturer (the real ones, called through)."""
     restored.register()
-    order: list[tuple[str, object]] = []
-    broadcast, capture = module._broadcast_indexer_topk_from_rank0, module.maybe_capture_indexer_topk
-
-    def recorded_broadcast(topk):
-        order.append(("broadcast", topk))
-        return broadcast(topk)
-
-    def recorded_capture(layer_id, topk):
-        order.append(("capture", (layer_id, topk)))
-        return capture(layer_id, topk)
-
-    monkeypatch.setattr(module, "_broadcast_indexer_topk_from_rank0", recorded_broadcast)
-    monkeypatch.setattr(module, "maybe_capture_indexer_topk", recorded_capture)
+    steps = mocker.Mock()  # one parent: its mock_calls keep the two stand-ins' order
+    steps.attach_mock(mocker.Mock(wraps=module._broadcast_indexer_topk_from_rank0), "broadcast")
+    steps.attach_mock(mocker.Mock(wraps=module.maybe_capture_indexer_topk), "capture")
+    monkeypatch.setattr(module, "_broadcast_indexer_topk_from_rank0", steps.broadcast)
+    monkeypatch.setattr(module, "maybe_capture_indexer_topk", steps.capture)
     out = _call(_indexer(trace), _batch(idle=True), return_indices=return_indices)
-    assert [step for step, _ in order] == ["broadcast", "capture"]
+    assert [name for name, _, _ in steps.mock_calls] == ["broadcast", "capture"]
+    (topk,), (layer_id, captured) = steps.broadcast.call_args.args, steps.capture.call_args.args
     if return_indices:
-        assert order[0][1] is out and order[1][1] == (LAYER_ID, out)
+        assert topk is out and layer_id == LAYER_ID and captured is out
     else:  # k-cache-only call: nothing to index, nothing returned (upstream's result builder returns None too)
-        assert out is None and order[0][1] is None and order[1][1] == (LAYER_ID, None)
+        assert out is None and topk is None and (layer_id, captured) == (LAYER_ID, None)
     assert trace.calls == []
 
 

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,14 +92,19 @@ def _foreign_hook(live: Any) -> bool:
 
     Stock decorators (e.g. ``scheduler_nvtx_method``) also set ``__wrapped__``; their code lives inside SGLang.
     """
-    code = getattr(live, "__code__", None)
-    if code is None:
-        return True  # a proxy object (wrapt, functools.partial, ...) sits where a function should
+    if type(live) is not types.FunctionType:
+        # A proxy sits where a function should. wrapt's FunctionWrapper (OpenTelemetry, ddtrace's integrations)
+        # forwards __code__ and __class__, so only the exact type tells it from the function it wraps.
+        return True
+    if getattr(live, "__dd_wrapped__", None) is not None:
+        return True  # ddtrace's in-place wrapping: same function object and file, its code swapped
+    code = live.__code__
     sglang_root = sys.modules["sglang"].__file__ or ""
     root = sglang_root.rsplit("/", 1)[0] + "/"
     filename = code.co_filename
-    if filename.endswith(_STOCK_DECORATOR_FILES) and getattr(live, "__wrapped__", None) is not None:
-        return _foreign_hook(live.__wrapped__)  # SGLang's own ``@torch.inference_mode()``: judge what it wraps
+    wrapped = getattr(live, "__wrapped__", None)
+    if filename.endswith(_STOCK_DECORATOR_FILES) and wrapped is not None:
+        return _foreign_hook(wrapped)  # SGLang's own ``@torch.inference_mode()``: judge what it wraps
     return not filename.startswith(root) or filename.endswith("plugins/hook_registry.py")
 
 
