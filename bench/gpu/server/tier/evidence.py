@@ -68,8 +68,20 @@ class DecodeCounter:
         return {r: g["on"] + g["off"] for r, g in self.graph.items()}
 
 
-def scheduler_faults(s: Server) -> dict[str, list[str]]:
-    return {k: [ln[:300] for ln in v.splitlines() if SCHEDULER_FAULT.search(ln)][:8] for k, v in s.logs().items()}
+def log_sizes(s: Server) -> dict[str, int]:
+    return {n.name: os.path.getsize(n.log_path) for n in s.all_nodes()}
+
+
+def scheduler_faults(s: Server, since: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """Fault lines in each node's log after ``since`` (byte offsets, e.g. when traffic began: the soft watchdog also
+    fires during a cold start's graph capture, which is not the soak's)."""
+    out = {}
+    for n in s.all_nodes():
+        with open(n.log_path, "rb") as f:
+            f.seek((since or {}).get(n.name, 0))
+            text = f.read().decode("utf-8", "replace")
+        out[n.name] = [ln[:300] for ln in text.splitlines() if SCHEDULER_FAULT.search(ln)][:8]
+    return out
 
 
 def read_records(records: str) -> list[dict[str, Any]]:
@@ -216,14 +228,17 @@ def _cpu_snapshot(pgids: set[int]) -> tuple[float, dict[tuple[int, str, str], fl
             pid = int(stat.split("/")[2])
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 title = f.read().split(b"\0")[0].decode(errors="replace")[:60]
-            for task in glob.glob(f"/proc/{pid}/task/[0-9]*/stat"):
-                with open(task) as f:
-                    raw = f.read()
-                name = raw[raw.index("(") + 1 : raw.rindex(")")]
-                rest = raw.rsplit(")", 1)[1].split()
-                threads[(pid, title, name)] = float(rest[11]) + float(rest[12])
         except (OSError, ValueError, IndexError):
             continue
+        for task in glob.glob(f"/proc/{pid}/task/[0-9]*/stat"):
+            try:  # per thread: a thread that ends between the listing and the read must not hide its process
+                with open(task) as f:
+                    raw = f.read()
+            except OSError:
+                continue
+            name = raw[raw.index("(") + 1 : raw.rindex(")")]
+            rest = raw.rsplit(")", 1)[1].split()
+            threads[(pid, title, name)] = float(rest[11]) + float(rest[12])
     return busy, threads
 
 

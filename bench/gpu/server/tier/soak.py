@@ -31,6 +31,7 @@ from tier.evidence import (
     DecodeCounter,
     analyze,
     cpu_profile,
+    log_sizes,
     read_records,
     rollcall,
     round_times,
@@ -145,6 +146,7 @@ def profile_later(s: Server, after_s: float, into: dict[str, Any]) -> threading.
 
 def run_arm(s: Server, arm: str, records: str, recorder: str) -> dict[str, Any]:
     counter = DecodeCounter(s)
+    at_start = log_sizes(s)
     profiled: dict[str, Any] = {}
     profile_later(s, float(os.environ.get("SOAK_PROFILE_AT_S", "60")), profiled)
     margin = DRAIN_S + 90  # drain, evidence, rollcall, kill
@@ -168,7 +170,7 @@ def run_arm(s: Server, arm: str, records: str, recorder: str) -> dict[str, Any]:
         tokens_asked=sum(r["tokens"] for r in traffic.sent), problems=problems[:10],
         request_s=spread([r["s"] for r in traffic.sent if "s" in r]),
         phases=per_phase(records, traffic), observer_errors=a["observer_errors"], meta=a["meta"],
-        scheduler_faults=scheduler_faults(s),
+        scheduler_faults=scheduler_faults(s, at_start), start_up_faults=scheduler_faults(s),
     )  # fmt: skip
     rec["by_rate"] = by_rate(rec["phases"])
     rec.update(profiled)
