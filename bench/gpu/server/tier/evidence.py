@@ -185,6 +185,16 @@ def stacks(records: str) -> dict[str, Any]:
     return ev
 
 
+def stacks_text(stuck: dict[str, Any]) -> str:
+    """Each rank's stack as the evidence holds it: py-spy's, else the thread dump's, else faulthandler's."""
+    out = []
+    for rank in sorted(stuck.get("scheduler_pids", {})):
+        kind = next((k for k in ("pyspy", "thread_dump", "faulthandler") if len(stuck[k].get(rank, [])) > 2), None)
+        lines = stuck[kind][rank][:24] if kind else ["no stack came back"]
+        out.append(f"  rank {rank} ({kind}):\n    " + "\n    ".join(lines))
+    return "\n".join(out)
+
+
 def stuck_evidence(s: Server, records: str) -> dict[str, Any]:
     """Where each rank is while requests are pending (the processes still run)."""
     ev: dict[str, Any] = {"alive": {n.name: n.alive() for n in s.all_nodes()}, **stacks(records)}

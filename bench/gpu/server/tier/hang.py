@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tier.conf import CPU, HANG_FLAGS, HANG_WAIT_S, LOGS, MTP, NODES, PD, SUMMARY, TIER, left, say, write_summary
-from tier.evidence import analyze, log_evidence, read_records, stuck_evidence
+from tier.evidence import analyze, log_evidence, read_records, stacks_text, stuck_evidence
 from tier.servers import TRIGGER_PATH, Server, gpu_memory, start_all
 from tier.traffic import generate, served, workload
 
@@ -141,10 +141,7 @@ def stage_hang() -> None:
                 f"decode {ev['decode_cuda_graph']} nccl comms {len(ev['nccl_comms'])} errors {ev['errors'][:4]}"
             )
         if "stuck" in rec:
-            for rank, stack in rec["stuck"]["faulthandler"].items():
-                say(f"  rank {rank} main thread:\n    " + "\n    ".join(stack[:16]))
-            for rank, stack in rec["stuck"]["pyspy"].items():
-                say(f"  rank {rank} py-spy:\n    " + "\n    ".join(stack[:24]))
+            say(stacks_text(rec["stuck"]))
             say(f"  watchdog {json.dumps(rec['stuck']['watchdog'])[:1500]}")
     SUMMARY["hang"] = result
 

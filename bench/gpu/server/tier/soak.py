@@ -37,6 +37,7 @@ from tier.evidence import (
     round_times,
     scheduler_faults,
     spread,
+    stacks_text,
     step_table,
     stuck_evidence,
 )
@@ -247,10 +248,7 @@ def say_arm(s: Server, rec: dict[str, Any]) -> None:
         " | ".join(rec.get("rollcall", {}).get("text", [])[:6]))  # fmt: skip
     say(f"{s.name}: faults {json.dumps(rec.get('scheduler_faults'))[:1500]}")
     if "stuck" in rec:
-        for rank, stack in rec["stuck"]["pyspy"].items():
-            say(f"  rank {rank} py-spy:\n    " + "\n    ".join(stack[:24]))
-        for rank, stack in rec["stuck"]["thread_dump"].items():
-            say(f"  rank {rank} thread dump:\n    " + "\n    ".join(stack[:16]))
+        say(stacks_text(rec["stuck"]))
         say(f"  have a stack: {rec['stuck']['have_stack']}")
         for step, p in list(rec.get("split_records", {}).items())[:2]:
             say(f"  split step {step}: {json.dumps(p)}")
