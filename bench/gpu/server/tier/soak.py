@@ -184,7 +184,7 @@ def draft_extend(records: str) -> dict[str, Any]:
     """#33973, per rank: is there a draft-extend graph, and the draft-extend backend's eager metadata calls (how many
     took the host-sync branch, how long they held the host)."""
     recs = read_records(records)
-    graph = {r["rank"]: r.get("draft_extend_graph") for r in recs if r["kind"] == "meta"}
+    graph = {r["rank"]: r["draft_extend_graph"] for r in recs if r["kind"] == "graphs"}  # read at the first step
     out: dict[str, Any] = {}
     for rank in range(NODES):
         mine = [r for r in recs if r["kind"] == "dx-meta" and r["rank"] == rank and r["mode"] != "IDLE"]

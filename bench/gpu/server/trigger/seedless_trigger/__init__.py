@@ -116,8 +116,7 @@ def _observe(scheduler: Any, records: str) -> None:
     _write({"kind": "meta", "rank": rank, "pid": os.getpid(), "t": time.time(),
             "seeding": getattr(worker, "seed_dsa_topk_from_draft_extend", None),
             "dsa_index_topk": getattr(worker, "dsa_index_topk", None),
-            "overlap": bool(getattr(scheduler, "enable_overlap", False)),
-            "draft_extend_graph": getattr(worker, "cuda_graph_runner_for_draft_extend", None) is not None})  # fmt: skip
+            "overlap": bool(getattr(scheduler, "enable_overlap", False))})  # fmt: skip
     if os.environ.get("SEEDLESS_TRIGGER_INIT_COMMS") == "1":
         _create_torch_communicators(rank)
     if os.environ.get("SEEDLESS_TRIGGER_CPU_VOTE") == "1":
@@ -248,6 +247,10 @@ def _cpu_vote() -> None:
 
 def _record(draft_input: Any, batch: Any, forward_batch: Any, can_run: Any) -> None:
     _state["step"] += 1
+    if _state["step"] == 1:  # the draft graphs are captured after the draft worker exists: read them at first use
+        runner = getattr(_state["worker"], "cuda_graph_runner_for_draft_extend", None)
+        _write({"kind": "graphs", "rank": _state["rank"], "draft_extend_graph": runner is not None,
+                "draft_graph": getattr(_state["worker"], "cuda_graph_runner", None) is not None})  # fmt: skip
     idle = forward_batch.forward_mode.is_idle()
     seed = getattr(draft_input, "dsa_topk_indices", None)
     seeding = bool(getattr(_state["worker"], "seed_dsa_topk_from_draft_extend", False))
