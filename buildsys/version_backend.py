@@ -14,8 +14,10 @@ In-tree, so building needs nothing but setuptools, and the installed package not
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,43 +127,24 @@ def stamp(root: Path | None = None) -> str:
     return full
 
 
-def build_wheel(wheel_directory: str, config_settings: Any = None, metadata_directory: str | None = None) -> str:
-    stamp()
-    return _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
+def _stamp_first(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """setuptools' hook, with the version stamped first. Every hook a frontend may call first needs it: setuptools
+    reads the version (from the stamp) as soon as it is asked what the build needs, and a fresh clone or an unpacked
+    archive has no stamp yet."""
+
+    @functools.wraps(hook)
+    def stamped(*args: Any, **kwargs: Any) -> Any:
+        stamp()
+        return hook(*args, **kwargs)
+
+    return stamped
 
 
-def build_sdist(sdist_directory: str, config_settings: Any = None) -> str:
-    stamp()
-    return _setuptools.build_sdist(sdist_directory, config_settings)
-
-
-def build_editable(wheel_directory: str, config_settings: Any = None, metadata_directory: str | None = None) -> str:
-    stamp()
-    return _setuptools.build_editable(wheel_directory, config_settings, metadata_directory)
-
-
-def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: Any = None) -> str:
-    stamp()
-    return _setuptools.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
-
-
-def prepare_metadata_for_build_editable(metadata_directory: str, config_settings: Any = None) -> str:
-    stamp()
-    return _setuptools.prepare_metadata_for_build_editable(metadata_directory, config_settings)
-
-
-# setuptools reads the version (from the stamp) as soon as a frontend asks what the build needs, before any of the
-# hooks above: a fresh clone or an unpacked archive has no stamp yet, so these stamp first too.
-def get_requires_for_build_wheel(config_settings: Any = None) -> list[str]:
-    stamp()
-    return list(_setuptools.get_requires_for_build_wheel(config_settings))
-
-
-def get_requires_for_build_sdist(config_settings: Any = None) -> list[str]:
-    stamp()
-    return list(_setuptools.get_requires_for_build_sdist(config_settings))
-
-
-def get_requires_for_build_editable(config_settings: Any = None) -> list[str]:
-    stamp()
-    return list(_setuptools.get_requires_for_build_editable(config_settings))
+build_wheel = _stamp_first(_setuptools.build_wheel)
+build_sdist = _stamp_first(_setuptools.build_sdist)
+build_editable = _stamp_first(_setuptools.build_editable)
+prepare_metadata_for_build_wheel = _stamp_first(_setuptools.prepare_metadata_for_build_wheel)
+prepare_metadata_for_build_editable = _stamp_first(_setuptools.prepare_metadata_for_build_editable)
+get_requires_for_build_wheel = _stamp_first(_setuptools.get_requires_for_build_wheel)
+get_requires_for_build_sdist = _stamp_first(_setuptools.get_requires_for_build_sdist)
+get_requires_for_build_editable = _stamp_first(_setuptools.get_requires_for_build_editable)
