@@ -124,7 +124,12 @@ def round_times(drafts: list[dict[str, Any]], steps: dict[int, dict[int, dict[st
 
 
 def analyze(records: str) -> dict[str, Any]:
-    recs = read_records(records)
+    return summarize(read_records(records))
+
+
+def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The observer's records of one arm, every rank's: draft steps by path, seedless, eager and split steps, round
+    and draft-step times."""
     drafts = [r for r in recs if r["kind"] == "draft"]
     steps = step_table(drafts)
     keys = ("mode", "bs", "rids", "seed", "can_run", "stock_guard_eager", "path")
@@ -180,16 +185,23 @@ def stacks(records: str) -> dict[str, Any]:
             ev["pyspy"][rank] = (r.stdout or r.stderr).splitlines()[:60]
         except Exception as exc:  # noqa: BLE001 - evidence is best effort
             ev["pyspy"][rank] = [repr(exc)]
-    kinds = ("pyspy", "faulthandler", "thread_dump")
-    ev["have_stack"] = {rank: [k for k in kinds if len(ev[k][rank]) > 2] for rank in pids}
+    ev["have_stack"] = {rank: [k for k in STACK_KINDS if is_stack(ev[k][rank])] for rank in pids}
     return ev
+
+
+STACK_KINDS = ("pyspy", "thread_dump", "faulthandler")  # in the order a reader prefers them
+
+
+def is_stack(lines: list[str]) -> bool:
+    """More than a header or an error line came back."""
+    return len(lines) > 2
 
 
 def stacks_text(stuck: dict[str, Any]) -> str:
     """Each rank's stack as the evidence holds it: py-spy's, else the thread dump's, else faulthandler's."""
     out = []
     for rank in sorted(stuck.get("scheduler_pids", {})):
-        kind = next((k for k in ("pyspy", "thread_dump", "faulthandler") if len(stuck[k].get(rank, [])) > 2), None)
+        kind = next((k for k in STACK_KINDS if is_stack(stuck[k].get(rank, []))), None)
         lines = stuck[kind][rank][:24] if kind else ["no stack came back"]
         out.append(f"  rank {rank} ({kind}):\n    " + "\n    ".join(lines))
     return "\n".join(out)

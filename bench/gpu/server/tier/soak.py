@@ -29,7 +29,6 @@ from tier.ab import ab_model_flags
 from tier.conf import CARRY, CPU, DSA_KV, HANG_FLAGS, LOGS, MTP, NODES, OUT, PD, RELEASE, SUMMARY, TIER, left, say
 from tier.evidence import (
     DecodeCounter,
-    analyze,
     cpu_profile,
     log_sizes,
     read_records,
@@ -40,6 +39,7 @@ from tier.evidence import (
     stacks_text,
     step_table,
     stuck_evidence,
+    summarize,
 )
 from tier.hang import trigger_env
 from tier.servers import Server, gpu_memory, start_all
@@ -106,9 +106,8 @@ def round_mix(steps: dict[int, dict[int, dict[str, Any]]]) -> dict[str, int]:
     return mix
 
 
-def per_phase(records: str, traffic: SoakTraffic) -> list[dict[str, Any]]:
+def per_phase(drafts: list[dict[str, Any]], traffic: SoakTraffic) -> list[dict[str, Any]]:
     """Per rate phase: rounds, the share of group-eager rounds, and ms per round by path."""
-    drafts = [r for r in read_records(records) if r["kind"] == "draft"]
     steps = step_table(drafts)
     bounds = [p["t0"] for p in traffic.phases] + [float("inf")]
     out = []
@@ -157,8 +156,9 @@ def run_arm(s: Server, arm: str, records: str, recorder: str) -> dict[str, Any]:
     if traffic.stopped_by == "stalled" or any(r["problem"] == "pending" for r in traffic.sent):
         rec["stuck"] = stuck_evidence(s, records)
     counts = counter.read()
-    a = analyze(records)
-    steps = step_table([r for r in read_records(records) if r["kind"] == "draft"])
+    recs = read_records(records)  # once: the files hold every rank's every round
+    drafts = [r for r in recs if r["kind"] == "draft"]
+    a = summarize(recs)
     problems = [r for r in traffic.sent if r.get("problem")]
     rec.update(
         decode_batches=counts, verify_graph=counter.graph, max_running=counter.max_running,
@@ -167,23 +167,23 @@ def run_arm(s: Server, arm: str, records: str, recorder: str) -> dict[str, Any]:
         eager_share=round(a["group_eager_steps"] / a["steps_all_ranks"], 4) if a["steps_all_ranks"] else None,
         split_rounds=len(a["split_steps"]), split_steps=a["split_steps"][:8], split_records=a["split_step_records"],
         seedless_step_records=a["seedless_step_records"], round_ms=a["round_ms"], draft_ms=a["draft_ms"],
-        round_mix=round_mix(steps), asked=len(traffic.sent), served=len(traffic.sent) - len(problems),
+        round_mix=round_mix(step_table(drafts)), asked=len(traffic.sent), served=len(traffic.sent) - len(problems),
         tokens_asked=sum(r["tokens"] for r in traffic.sent), problems=problems[:10],
         request_s=spread([r["s"] for r in traffic.sent if "s" in r]),
-        phases=per_phase(records, traffic), observer_errors=a["observer_errors"], meta=a["meta"],
+        phases=per_phase(drafts, traffic), observer_errors=a["observer_errors"], meta=a["meta"],
         scheduler_faults=scheduler_faults(s, at_start), start_up_faults=scheduler_faults(s),
     )  # fmt: skip
     rec["by_rate"] = by_rate(rec["phases"])
     rec.update(profiled)
-    rec["draft_extend"] = draft_extend(records)
+    rec["draft_extend"] = draft_extend(recs)
+    time.sleep(2.5)  # two heartbeats: every rank's file is written out after its last recorded round
     rec["rollcall"] = rollcall(recorder)
     return rec
 
 
-def draft_extend(records: str) -> dict[str, Any]:
+def draft_extend(recs: list[dict[str, Any]]) -> dict[str, Any]:
     """#33973, per rank: is there a draft-extend graph, and the draft-extend backend's eager metadata calls (how many
     took the host-sync branch, how long they held the host)."""
-    recs = read_records(records)
     graph = {r["rank"]: r["draft_extend_graph"] for r in recs if r["kind"] == "graphs"}  # read at the first step
     out: dict[str, Any] = {}
     for rank in range(NODES):
