@@ -321,3 +321,47 @@ def test_liveness_is_each_files_own_counter_never_a_clock_of_another_host(tmp_pa
         for t in tickers:
             t.stop.set()
             t.thread.join()
+
+
+@release_free
+def test_a_live_rank_whose_file_lags_by_a_write_out_is_not_named_behind(tmp_path, capsys):
+    """Files are written out once a second, each at its own moment: rank 1's file still says round 4 when rank 0's
+    says 5, and says 5 on its next write-out. Before: "rank [1] never reached round 5" on a healthy group (seen in a
+    real soak, read right after traffic). The watch re-reads the entered rounds, so a rank that gets there while
+    watched is not named; a copy (not watched) still is, with its write-out lag beside it."""
+    write_rank(tmp_path, 0, 2, [GRAPH] * 5)
+    write_rank(tmp_path, 1, 2, [GRAPH] * 4)
+
+    def beat(rank: int, ticks: int, wall: float) -> None:
+        path = rank_file(tmp_path, rank)
+        (start_mono,) = struct.unpack_from("<q", path.read_bytes(), START_MONO)
+        patch(path, recfile.HEARTBEAT_OFFSET, "<QdqQ", ticks, wall, start_mono + 10**9, ticks)
+
+    now = time.time()
+    beat(0, 1, now)
+    beat(1, 1, now - 0.6)
+    code, out = run_rollcall(capsys, str(tmp_path), "--json")  # copies: not watched
+    data = json.loads(out)
+    assert code == 0 and data["never_reached"] == [1], data["answer"]
+    assert "rank [1] never reached round 5 (its file was written out 0.6 s before the newest)" in data["answer"]
+    stop = threading.Event()
+
+    def live() -> None:  # rank 0 ticks; rank 1's next write-out says round 5
+        for ticks in range(2, 1000):
+            beat(0, ticks, time.time())
+            if ticks == 3:
+                patch(rank_file(tmp_path, 1), recfile.ENTERED_OFFSET, "<Q", 5)
+                beat(1, 2, time.time())
+            if stop.wait(0.1):
+                return
+
+    thread = threading.Thread(target=live, daemon=True)
+    thread.start()
+    try:
+        code, out = run_rollcall(capsys, str(tmp_path), "--settle", "0.6", "--json")
+    finally:
+        stop.set()
+        thread.join()
+    data = json.loads(out)
+    assert code == 0 and "never_reached" not in data, data["answer"]
+    assert "rank [1] entered round 5 without a record of it" in data["answer"], data["answer"]

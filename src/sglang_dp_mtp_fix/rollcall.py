@@ -114,6 +114,7 @@ class RankFile:
     start_mono: int = 0  # monotonic ns at open (the writer's host clock)
     heartbeat_mono: int = 0
     entered_trusted: bool = True  # False: ``entered`` cannot be true (named in ``implausible``)
+    entered_watched: int = 0  # the newest entered round the watch read: a live rank's later write-outs
     last_round: int = 0  # the latest round recorded (of the records kept)
     implausible: list[dict[str, Any]] = field(default_factory=list)  # fields that cannot be true: named, not used
     file_id: tuple[int, int] = (0, 0)  # (device, inode): one file named twice is read once
@@ -516,15 +517,17 @@ def _judge(
 
 def _agreement(data: dict[str, Any], ranks: Sequence[RankFile], labels: dict[str, int]) -> str:
     """No divergence: up to which round every rank agrees, and which ranks never entered the latest round recorded
-    (the entered round, not the records: a rank that entered a round without a batch there reached it)."""
+    (the entered round, not the records: a rank that entered a round without a batch there reached it). Each file
+    is written out once a second at its own moment, so a live rank's entered round is the newest the watch read."""
     last = {labels[f.path]: f.last_round for f in ranks}
     agreed, top = min(last.values()), max(last.values())
     data["agreed_up_to"] = agreed
-    reached = {labels[f.path]: f.entered if f.entered_trusted else f.last_round for f in ranks}
+    reached = {labels[f.path]: max(f.entered, f.entered_watched) if f.entered_trusted else f.last_round for f in ranks}
     behind = sorted(k for k, v in reached.items() if v < top)
     if behind:
         data["never_reached"] = behind
-        return f"all {len(ranks)} ranks agreed up to round {agreed}; {_ranks_text(behind)} never reached round {top}"
+        text = f"all {len(ranks)} ranks agreed up to round {agreed}; {_ranks_text(behind)} never reached round {top}"
+        return text + _write_out_lag(ranks, labels, behind, top)
     if agreed == 0:
         return f"no round recorded yet on any of the {len(ranks)} ranks with a file"
     if agreed < top:
@@ -534,6 +537,18 @@ def _agreement(data: dict[str, Any], ranks: Sequence[RankFile], labels: dict[str
             "record of it (no batch there, or still inside it)"
         )
     return f"all {len(ranks)} ranks agreed up to round {agreed}, the last round of every rank"
+
+
+def _write_out_lag(ranks: Sequence[RankFile], labels: dict[str, int], behind: list[int], top: int) -> str:
+    """How much earlier the behind ranks' files were written out than the newest file that holds ``top`` (same host:
+    one clock): within that lag the rank may have reached it. Empty where no such time is known."""
+    newest = {f.host: f.heartbeat_wall for f in ranks if f.last_round == top and f.heartbeat_wall}
+    lags = [newest[f.host] - f.heartbeat_wall for f in ranks
+            if labels[f.path] in behind and f.heartbeat_wall and f.host in newest]  # fmt: skip
+    if not lags or max(lags) <= 0:
+        return ""
+    whose = "its file was" if len(behind) == 1 else "their files were up to"
+    return f" ({whose} written out {max(lags):.1f} s before the newest)"
 
 
 def _stall(data: dict[str, Any], ranks: Sequence[RankFile], labels: dict[str, int], kind: str) -> str | None:
@@ -620,6 +635,8 @@ def _watch(ranks: Sequence[RankFile], settle_s: float, known: set[str]) -> tuple
                 ticked.add(f.path)
                 f.heartbeat_ticks, f.heartbeat_wall = ticks, wall
             advancing |= entered != first[f.path][1]
+            if f.entered_trusted and f.entered < entered <= f.entered + ROUND_SLACK:
+                f.entered_watched = max(f.entered_watched, entered)
 
 
 def _liveness(ranks: Sequence[RankFile], settle_s: float) -> dict[str, Any]:
