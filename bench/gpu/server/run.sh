@@ -45,6 +45,12 @@ for z in "$G"/dg/*.zip; do [[ -f $z ]] && unzip_to "$z" /tmp/site && el "unpacke
 rm -rf /tmp/sk && mkdir -p /tmp/sk && unzip_to "$G"/sk/*.zip /tmp/sk
 for c in "$G"/cache/*.tgz; do [[ -f $c ]] && tar xzf "$c" -C / && el "restored JIT cache $(basename "$c")"; done
 export PATH=/tmp/site/bin:$PATH   # py-spy: drive.py's evidence and SGLang's soft watchdog
+# MPS=1: the servers' processes share the GPU through one CUDA MPS daemon of this run (pipe and log under /tmp,
+# quit at the end) instead of N contexts the GPU time-slices between (bench/gpu/nccl_one_gpu.py measures both)
+if [[ ${MPS:-0} == 1 ]]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY && nvidia-cuda-mps-control -d && el "MPS daemon up" | tee -a "$L/env.txt"
+fi
 RELEASES=${RELEASES:-$(ls "$G"/sg | sed 's/^sglang-//; s/-trimmed.zip$//' | sort -V | tr '\n' ' ')}
 for V in $RELEASES; do
   rm -rf /tmp/sg /tmp/gslogs && mkdir -p /tmp/sg /tmp/gslogs
@@ -64,6 +70,10 @@ for V in $RELEASES; do
   tar czf "$L/logs-$V.tgz" -C /tmp gslogs
 done
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+if [[ ${MPS:-0} == 1 ]]; then
+  echo "MPS clients seen: $(grep -c 'NEW CLIENT' $CUDA_MPS_LOG_DIRECTORY/control.log 2>/dev/null)" | tee -a "$L/env.txt"
+  echo quit | nvidia-cuda-mps-control
+fi
 H=${HOME#/}
 if (( DSA )); then  # a cached tvm-ffi .so loads without ninja (SGLang's load_jit); the build folders are not needed
   { (cd / && find "$H/.cache/tvm-ffi" -name '*.so' 2>/dev/null); [[ -d $DG_JIT_CACHE_DIR ]] && echo "${DG_JIT_CACHE_DIR#/}"
