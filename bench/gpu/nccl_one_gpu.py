@@ -11,6 +11,8 @@ busy cores over the window. Variants (VARIANTS, default "plain mps"):
          kernels share the GPU at once, so a rank's spinning NCCL kernel no longer holds the GPU while its peers wait
   1sock  plain with NCCL_SOCKET_NTHREADS=1 NCCL_NSOCKS_PERTHREAD=1 (fewer socket threads per peer)
 Usage: ``python3 bench/gpu/nccl_one_gpu.py [N ...]`` (default 2 4 8); one JSON line per (variant, N) on stdout.
+``--pick FILE`` prints 1 where FILE's mps burst took under half of plain's (a call then runs its servers with MPS=1),
+else 0.
 """
 
 from __future__ import annotations
@@ -117,8 +119,22 @@ def main() -> None:
             print(json.dumps({"mps_stop": mps(False), "mps_clients_seen": clients}), flush=True)
 
 
+def pick(path: str) -> int:
+    burst: dict[str, float] = {}
+    for line in open(path):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "burst_ms" in rec:
+            burst[rec["variant"]] = rec["burst_ms"]
+    return int("plain" in burst and "mps" in burst and burst["mps"] < 0.5 * burst["plain"])
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
+    if sys.argv[1:2] == ["--pick"]:
+        print(pick(sys.argv[2]))
+    elif sys.argv[1:2] == ["--worker"]:
         worker(*(int(a) for a in sys.argv[2:5]))
     else:
         main()
