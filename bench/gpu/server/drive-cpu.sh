@@ -19,5 +19,5 @@ export DRIVE_CPU=1 DRIVE_CPU_PATH=$ROOT/tests/launch/stubs:$ROOT/tests/launch/cp
 export OUT=${OUT:-$TMP/out} DRIVE_LOGS=${DRIVE_LOGS:-$TMP/logs} SGLANG_RELEASE=$V G=${G:-$TMP/no-carry}
 mkdir -p "$DRIVE_LOGS" "$OUT"
 rc=0; timeout "${DRIVE_TIMEOUT_S:-900}" "$PY" bench/gpu/server/drive.py "$@" || rc=$?
-if [[ -n ${KEEP:-} ]]; then cp -r "$OUT" "$DRIVE_LOGS" "$KEEP"/; fi
+if [[ -n ${KEEP:-} ]]; then mkdir -p "$KEEP" && cp -r "$OUT" "$DRIVE_LOGS" "$KEEP"/; fi
 exit $rc
