@@ -18,10 +18,17 @@ def ranks(d: dict[str, Any]) -> str:
     return " / ".join(str(d[k]) for k in sorted(d, key=int))
 
 
+def gpu_cell(r: dict[str, Any]) -> str:
+    """The card's short name and how the DP ranks' processes share it (run.sh MPS=1; before it: time-sliced)."""
+    name = next((w for w in (r.get("gpu") or "").split() if w[:1] in "ABHL" and w[1:2].isdigit()), "-")
+    return f"{name} {r.get('gpu_sharing', 'time-sliced')}"
+
+
 def row(r: dict[str, Any]) -> str:
+    head = f"| {r['release']} | {r['nodes']} | {gpu_cell(r)} | {r['arm']} | {r['backend']} |"
     if r.get("not_ready") or r.get("not_run"):
         why = r.get("not_run") or "not ready"
-        return f"| {r['release']} | {r['nodes']} | {r['arm']} | {r['backend']} | not run: {why} |||||||"
+        return f"{head} not run: {why} |||||||"
     graph = ranks({k: f"{v['on']}/{v['off']}" for k, v in r["verify_graph"].items()})
     draft = ranks({k: f"{v['graph']}/{v['eager']}" for k, v in r["draft_rounds"].items()})
     ms = r.get("round_ms") or {}
@@ -30,16 +37,17 @@ def row(r: dict[str, Any]) -> str:
     gpu = " / ".join(f"{(dm.get(f'gpu_{p}') or {}).get('median', '-')}" for p in ("graph", "eager"))
     share = "-" if r.get("eager_share") is None else f"{100 * r['eager_share']:.1f} %"
     rc = r.get("rollcall") or {}
-    return (f"| {r['release']} | {r['nodes']} | {r['arm']} | {r['backend']} | {ranks(r['decode_batches'])} | {graph} | "
+    return (f"{head} {ranks(r['decode_batches'])} | {graph} | "
             f"{draft} | {share} | {r['split_rounds']} | {r['served']} / {r['asked']} | {rt} | {gpu} | "
             f"{r['stopped_by']}; rollcall {rc.get('verdict')} |")  # fmt: skip
 
 
 def table(folder: str) -> str:
     rows = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(folder, "**", "soak-*.json"), recursive=True))]
-    head = ("| release | DP | arm | KV | decode batches per rank | verify graph on/off per rank | draft graph/eager "
-            "per rank | group-eager rounds | split rounds | served / asked | ms per round graph / eager (median) | "
-            "draft step GPU ms graph / eager (median) | ended by |\n|" + "---|" * 13)  # fmt: skip
+    head = ("| release | DP | GPU | arm | KV | decode batches per rank | verify graph on/off per rank | "
+            "draft graph/eager per rank | group-eager rounds | split rounds | served / asked | "
+            "ms per round graph / eager (median) | draft step GPU ms graph / eager (median) | "
+            "ended by |\n|" + "---|" * 14)  # fmt: skip
     return "\n".join([head, *(row(r) for r in rows)])
 
 

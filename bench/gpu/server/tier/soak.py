@@ -259,4 +259,5 @@ def provenance() -> dict[str, Any]:
     query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
     gpu = "" if CPU else subprocess.run(query, capture_output=True, text=True).stdout.strip()
     return {"commit": open(commit).read().strip() if os.path.exists(commit) else None, "gpu": gpu or None,
+            "gpu_sharing": "mps" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "time-sliced",  # run.sh MPS=1
             "carry": sorted(os.listdir(CARRY)) if os.path.isdir(CARRY) else None}  # fmt: skip
