@@ -37,9 +37,10 @@ def row(r: dict[str, Any]) -> str:
     gpu = " / ".join(f"{(dm.get(f'gpu_{p}') or {}).get('median', '-')}" for p in ("graph", "eager"))
     share = "-" if r.get("eager_share") is None else f"{100 * r['eager_share']:.1f} %"
     rc = r.get("rollcall") or {}
+    verdict = "- (plugin off)" if r["arm"] == "stock" else rc.get("verdict")
     return (f"{head} {ranks(r['decode_batches'])} | {graph} | "
             f"{draft} | {share} | {r['split_rounds']} | {r['served']} / {r['asked']} | {rt} | {gpu} | "
-            f"{r['stopped_by']}; rollcall {rc.get('verdict')} |")  # fmt: skip
+            f"{r['stopped_by']}; rollcall {verdict} |")  # fmt: skip
 
 
 def table(folder: str) -> str:

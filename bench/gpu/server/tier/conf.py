@@ -84,6 +84,11 @@ PD = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "f
 # not be the first arrival) and SGLang's soft watchdog, which logs a stuck scheduler (py-spy dump when on PATH)
 HANG_FLAGS = ["--skip-server-warmup"] + ([] if CPU else ["--soft-watchdog-timeout", "30"])
 HANG_WAIT_S = float(os.environ.get("HANG_WAIT_S", "60"))
+# run.sh MPS=1: every server's processes share the GPU through one CUDA MPS daemon, not N time-sliced contexts (a
+# collective among 8 ranks: 0.17 ms against 55 ms, bench/gpu/nccl_one_gpu.py). Under MPS, killing a stuck server took
+# every other server on the GPU down with it ("illegal memory access" in their next kernel, 2026-12-07), so a stuck
+# arm must be the last one driven.
+MPS = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
 
 def say(*parts: object) -> None:
@@ -99,6 +104,12 @@ def refuse_without_multicast_off() -> None:
     wrong = {k: os.environ.get(k) for k, v in MULTICAST_OFF.items() if os.environ.get(k) != v}
     if wrong and not CPU:
         sys.exit(f"refusing to start: multicast variables not set as required {MULTICAST_OFF}: {wrong}")
+
+
+def refuse_stuck_arm_before_another(order: list[str]) -> None:
+    """Under MPS a stock arm (stuck, then killed) must come after every other arm of the servers started with it."""
+    if MPS and "stock" in order[:-1]:
+        sys.exit(f"under MPS the stock arm must be driven last (its kill takes every server on the GPU down): {order}")
 
 
 def write_summary() -> None:

@@ -18,7 +18,21 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from tier.conf import CPU, HANG_FLAGS, HANG_WAIT_S, LOGS, MTP, NODES, PD, SUMMARY, TIER, left, say, write_summary
+from tier.conf import (
+    CPU,
+    HANG_FLAGS,
+    HANG_WAIT_S,
+    LOGS,
+    MTP,
+    NODES,
+    PD,
+    SUMMARY,
+    TIER,
+    left,
+    refuse_stuck_arm_before_another,
+    say,
+    write_summary,
+)
 from tier.evidence import analyze, log_evidence, read_records, stacks_text, stuck_evidence
 from tier.servers import TRIGGER_PATH, Server, gpu_memory, start_all
 from tier.traffic import generate, served, workload
@@ -100,6 +114,7 @@ def stage_hang() -> None:
     if not order or set(order) - {"patched", "stock"}:
         sys.exit(f"HANG_ARMS must name patched and/or stock, got {order!r}")
     arms = [(st, arm) for st in sets for arm in order]
+    refuse_stuck_arm_before_another([arm for _, arm in arms])
     envs = {(st, arm): trigger_env(f"{st}-{arm}", arm == "stock", st == "steady") for st, arm in arms}
     servers = {a: Server(f"{a[0]}-{a[1]}", MTP + PD + HANG_FLAGS, envs[a][0]) for a in arms}
     say("hang servers:", *(a.name for a in servers.values()), "\nflags:", *next(iter(servers.values())).flags)

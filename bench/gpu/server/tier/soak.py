@@ -2,9 +2,10 @@
 with a fixed seed, rates cycling through phases, random DP rank, prompt and output length) until every DP rank ran
 SOAK_BATCHES decode batches (the seed counted 2,019), bounded in requests and time, the flight recorder on.
 
-Arms (SOAK_ARMS, default "stock patched", same shape and flags, started side by side): stock runs first and is
-expected to stop at the first seedless arrival; SOAK_STALL_S without a draft step on any rank ends it, with each
-rank's stack and path, and it is killed before the patched soak (a stuck rank's kernels spin on the GPU).
+Arms (SOAK_ARMS, default "patched stock", same shape and flags, started side by side): the patched soak runs while
+the stock server waits idle; then stock, expected to stop at the first seedless arrival: SOAK_STALL_S without a
+draft step on any rank ends it, with each rank's stack and path, and it is killed last (under MPS that kill takes
+every server on the GPU down: tier.conf.MPS).
 Per arm and rank, from SGLang's own log lines and the observer's records: decode batches and the target-verify graph
 on/off in each, draft rounds graph/eager and the share of group-eager rounds (per rate phase too), split rounds,
 the round mix (idle ranks beside busy ones, unequal batches, arrivals on several ranks in one round, requests
@@ -26,7 +27,23 @@ import time
 from typing import Any
 
 from tier.ab import ab_model_flags
-from tier.conf import CARRY, CPU, DSA_KV, HANG_FLAGS, LOGS, MTP, NODES, OUT, PD, RELEASE, SUMMARY, TIER, left, say
+from tier.conf import (
+    CARRY,
+    CPU,
+    DSA_KV,
+    HANG_FLAGS,
+    LOGS,
+    MTP,
+    NODES,
+    OUT,
+    PD,
+    RELEASE,
+    SUMMARY,
+    TIER,
+    left,
+    refuse_stuck_arm_before_another,
+    say,
+)
 from tier.evidence import (
     DecodeCounter,
     cpu_profile,
@@ -209,7 +226,8 @@ def arm_env(arm: str) -> tuple[dict[str, str], str, str]:
 
 
 def stage_soak() -> None:
-    order = os.environ.get("SOAK_ARMS", "stock patched").split()
+    order = os.environ.get("SOAK_ARMS", "patched stock").split()
+    refuse_stuck_arm_before_another(order)
     stock_model = ab_model_flags() if os.environ.get("SOAK_STOCK_INDEXSHARE", "1") == "0" else []
     envs = {arm: arm_env(arm) for arm in order}
     servers = {arm: Server(f"soak-{arm}", MTP + PD + HANG_FLAGS + (stock_model if arm == "stock" else []),
