@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The soak results table, made from the summary JSONs only (``soak-<release>-<arm>.json`` under a results folder):
+"""The soak results table, made from the summary JSONs only (``soak-<release>-<arm>.json`` under a results folder,
+one row per file, named by its run's folder):
 ``python3 bench/gpu/server/soak_table.py bench/gpu/results/<date>/dp4`` prints it; ``--check README.md`` fails when
 the README's table (between the two marker lines) is not what the files say."""
 
@@ -24,8 +25,8 @@ def gpu_cell(r: dict[str, Any]) -> str:
     return f"{name} {r.get('gpu_sharing', 'time-sliced')}"
 
 
-def row(r: dict[str, Any]) -> str:
-    head = f"| {r['release']} | {r['nodes']} | {gpu_cell(r)} | {r['arm']} | {r['backend']} |"
+def row(run: str, r: dict[str, Any]) -> str:
+    head = f"| {run} | {r['release']} | {r['nodes']} | {gpu_cell(r)} | {r['arm']} | {r['backend']} |"
     if r.get("not_ready") or r.get("not_run"):
         why = r.get("not_run") or "not ready"
         return f"{head} not run: {why} |||||||"
@@ -44,12 +45,13 @@ def row(r: dict[str, Any]) -> str:
 
 
 def table(folder: str) -> str:
-    rows = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(folder, "**", "soak-*.json"), recursive=True))]
-    head = ("| release | DP | GPU | arm | KV | decode batches per rank | verify graph on/off per rank | "
+    paths = sorted(glob.glob(os.path.join(folder, "**", "soak-*.json"), recursive=True))
+    rows = [(os.path.relpath(os.path.dirname(p), folder), json.load(open(p))) for p in paths]
+    head = ("| run | release | DP | GPU | arm | KV | decode batches per rank | verify graph on/off per rank | "
             "draft graph/eager per rank | group-eager rounds | split rounds | served / asked | "
             "ms per round graph / eager (median) | draft step GPU ms graph / eager (median) | "
-            "ended by |\n|" + "---|" * 14)  # fmt: skip
-    return "\n".join([head, *(row(r) for r in rows)])
+            "ended by |\n|" + "---|" * 15)  # fmt: skip
+    return "\n".join([head, *(row(run, r) for run, r in rows)])
 
 
 def main() -> int:
