@@ -323,6 +323,28 @@ def test_liveness_is_each_files_own_counter_never_a_clock_of_another_host(tmp_pa
             t.thread.join()
 
 
+def write_out(directory: Path, rank: int, ticks: int, wall: float) -> None:
+    """A heartbeat's write-out of ``rank``'s file at ``wall`` (its monotonic time 1 s after the file opened)."""
+    path = rank_file(directory, rank)
+    (start_mono,) = struct.unpack_from("<q", path.read_bytes(), START_MONO)
+    patch(path, recfile.HEARTBEAT_OFFSET, "<QdqQ", ticks, wall, start_mono + 10**9, ticks)
+
+
+@release_free
+def test_the_write_out_lag_is_against_the_newest_file_that_holds_the_round(tmp_path, capsys):
+    """Two files hold round 5, written out at different moments: the lag is counted from the newer one. Before: from
+    whichever file came last (rank 1's, 0.6 s older), so 0.4 s instead of 1.0 s."""
+    for rank, rounds in ((0, 5), (1, 5), (2, 4)):
+        write_rank(tmp_path, rank, 3, [GRAPH] * rounds)
+    now = time.time()
+    for rank, age in ((0, 0.0), (1, 0.6), (2, 1.0)):
+        write_out(tmp_path, rank, 1, now - age)
+    code, out = run_rollcall(capsys, str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["never_reached"] == [2], data["answer"]
+    assert "rank [2] never reached round 5 (its file was written out 1.0 s before the newest)" in data["answer"]
+
+
 @release_free
 def test_a_live_rank_whose_file_lags_by_a_write_out_is_not_named_behind(tmp_path, capsys):
     """Files are written out once a second, each at its own moment: rank 1's file still says round 4 when rank 0's
@@ -333,9 +355,7 @@ def test_a_live_rank_whose_file_lags_by_a_write_out_is_not_named_behind(tmp_path
     write_rank(tmp_path, 1, 2, [GRAPH] * 4)
 
     def beat(rank: int, ticks: int, wall: float) -> None:
-        path = rank_file(tmp_path, rank)
-        (start_mono,) = struct.unpack_from("<q", path.read_bytes(), START_MONO)
-        patch(path, recfile.HEARTBEAT_OFFSET, "<QdqQ", ticks, wall, start_mono + 10**9, ticks)
+        write_out(tmp_path, rank, ticks, wall)
 
     now = time.time()
     beat(0, 1, now)

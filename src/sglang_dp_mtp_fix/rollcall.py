@@ -542,7 +542,10 @@ def _agreement(data: dict[str, Any], ranks: Sequence[RankFile], labels: dict[str
 def _write_out_lag(ranks: Sequence[RankFile], labels: dict[str, int], behind: list[int], top: int) -> str:
     """How much earlier the behind ranks' files were written out than the newest file that holds ``top`` (same host:
     one clock): within that lag the rank may have reached it. Empty where no such time is known."""
-    newest = {f.host: f.heartbeat_wall for f in ranks if f.last_round == top and f.heartbeat_wall}
+    newest: dict[str, float] = {}
+    for f in ranks:
+        if f.last_round == top and f.heartbeat_wall:
+            newest[f.host] = max(newest.get(f.host, 0.0), f.heartbeat_wall)
     lags = [newest[f.host] - f.heartbeat_wall for f in ranks
             if labels[f.path] in behind and f.heartbeat_wall and f.host in newest]  # fmt: skip
     if not lags or max(lags) <= 0:
