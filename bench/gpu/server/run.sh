@@ -48,9 +48,16 @@ for c in "$G"/cache/*.tgz; do [[ -f $c ]] && tar xzf "$c" -C / && el "restored J
 export PATH=/tmp/site/bin:$PATH   # py-spy: drive.py's evidence and SGLang's soft watchdog
 # MPS=1: the servers' processes share the GPU through one CUDA MPS daemon of this run (pipe and log under /tmp,
 # quit at the end) instead of N contexts the GPU time-slices between (bench/gpu/nccl_one_gpu.py measures both)
+# (the variables are exported only once the daemon runs: the servers and their JSON's gpu_sharing read them)
+MPS_UP=0
 if [[ ${MPS:-0} == 1 ]]; then
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
-  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY && nvidia-cuda-mps-control -d && el "MPS daemon up" | tee -a "$L/env.txt"
+  mkdir -p /tmp/mps/pipe /tmp/mps/log
+  if CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log nvidia-cuda-mps-control -d; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log; MPS_UP=1
+    el "MPS daemon up" | tee -a "$L/env.txt"
+  else
+    el "MPS daemon did not start: the ranks share the GPU time-sliced" | tee -a "$L/env.txt"
+  fi
 fi
 RELEASES=${RELEASES:-$(ls "$G"/sg | sed 's/^sglang-//; s/-trimmed.zip$//' | sort -V | tr '\n' ' ')}
 for V in $RELEASES; do
@@ -71,7 +78,7 @@ for V in $RELEASES; do
   tar czf "$L/logs-$V.tgz" -C /tmp gslogs
 done
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
-if [[ ${MPS:-0} == 1 ]]; then
+if (( MPS_UP )); then
   echo "MPS clients seen: $(grep -c 'NEW CLIENT' $CUDA_MPS_LOG_DIRECTORY/control.log 2>/dev/null)" | tee -a "$L/env.txt"
   echo quit | nvidia-cuda-mps-control
 fi

@@ -33,6 +33,7 @@ from tier.conf import (
     DSA_KV,
     HANG_FLAGS,
     LOGS,
+    MPS,
     MTP,
     NODES,
     OUT,
@@ -277,5 +278,5 @@ def provenance() -> dict[str, Any]:
     query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
     gpu = "" if CPU else subprocess.run(query, capture_output=True, text=True).stdout.strip()
     return {"commit": open(commit).read().strip() if os.path.exists(commit) else None, "gpu": gpu or None,
-            "gpu_sharing": "mps" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "time-sliced",  # run.sh MPS=1
+            "gpu_sharing": "mps" if MPS else "time-sliced",
             "carry": sorted(os.listdir(CARRY)) if os.path.isdir(CARRY) else None}  # fmt: skip
