@@ -346,6 +346,25 @@ def test_the_write_out_lag_is_against_the_newest_file_that_holds_the_round(tmp_p
 
 
 @release_free
+def test_a_lag_under_a_tenth_of_a_second_is_said_in_ms_for_several_ranks(tmp_path, capsys):
+    """Eight ranks' heartbeats start together and stay in phase, so a busy group's files are written out within tens of
+    ms and 17-ms rounds still leave some a round behind. Before: "(their files were up to written out 0.0 s before the
+    newest)" (a real DP8 soak on a GPU, 2026-12-07)."""
+    for rank, rounds in ((0, 5), (1, 4), (2, 4)):
+        write_rank(tmp_path, rank, 3, [GRAPH] * rounds)
+    now = time.time()
+    for rank, age in ((0, 0.0), (1, 0.04), (2, 0.01)):
+        write_out(tmp_path, rank, 1, now - age)
+    code, out = run_rollcall(capsys, str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["never_reached"] == [1, 2], data["answer"]
+    assert (
+        "ranks [1, 2] never reached round 5 (their files were written out up to 40 ms before the newest)"
+        in (data["answer"])
+    ), data["answer"]
+
+
+@release_free
 def test_a_live_rank_whose_file_lags_by_a_write_out_is_not_named_behind(tmp_path, capsys):
     """Files are written out once a second, each at its own moment: rank 1's file still says round 4 when rank 0's
     says 5, and says 5 on its next write-out. Before: "rank [1] never reached round 5" on a healthy group (seen in a

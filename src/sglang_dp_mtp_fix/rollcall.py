@@ -550,8 +550,10 @@ def _write_out_lag(ranks: Sequence[RankFile], labels: dict[str, int], behind: li
             if labels[f.path] in behind and f.heartbeat_wall and f.host in newest]  # fmt: skip
     if not lags or max(lags) <= 0:
         return ""
-    whose = "its file was" if len(behind) == 1 else "their files were up to"
-    return f" ({whose} written out {max(lags):.1f} s before the newest)"
+    lag = max(lags)
+    said = f"{lag:.1f} s" if lag >= 0.1 else f"{1000 * lag:.0f} ms"  # in-phase heartbeats lag by tens of ms
+    whose = "its file was written out" if len(behind) == 1 else "their files were written out up to"
+    return f" ({whose} {said} before the newest)"
 
 
 def _stall(data: dict[str, Any], ranks: Sequence[RankFile], labels: dict[str, int], kind: str) -> str | None:
