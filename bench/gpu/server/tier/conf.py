@@ -85,9 +85,10 @@ PD = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "f
 HANG_FLAGS = ["--skip-server-warmup"] + ([] if CPU else ["--soft-watchdog-timeout", "30"])
 HANG_WAIT_S = float(os.environ.get("HANG_WAIT_S", "60"))
 # run.sh MPS=1: every server's processes share the GPU through one CUDA MPS daemon, not N time-sliced contexts (a
-# collective among 8 ranks: 0.17 ms against 55 ms, bench/gpu/nccl_one_gpu.py). Under MPS, killing a stuck server took
-# every other server on the GPU down with it ("illegal memory access" in their next kernel, 2026-12-07), so a stuck
-# arm must be the last one driven.
+# collective among 8 ranks: 0.17 ms against 55 ms, bench/gpu/nccl_one_gpu.py). Under MPS, killing a server whose
+# kernels still ran took the other servers on the GPU down ("illegal memory access" at their next request, 2026-12-07,
+# twice), so no server is killed before the last arm is done (servers.retire), and a stuck arm, whose spinning
+# kernels then stay on the GPU, is driven last.
 MPS = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
 
@@ -107,9 +108,9 @@ def refuse_without_multicast_off() -> None:
 
 
 def refuse_stuck_arm_before_another(order: list[str]) -> None:
-    """Under MPS a stock arm (stuck, then killed) must come after every other arm of the servers started with it."""
+    """Under MPS a stock arm (stuck, its kernels spinning until the end) must come after every other arm."""
     if MPS and "stock" in order[:-1]:
-        sys.exit(f"under MPS the stock arm must be driven last (its kill takes every server on the GPU down): {order}")
+        sys.exit(f"under MPS the stock arm must be driven last (stuck, it stays on the GPU until the end): {order}")
 
 
 def write_summary() -> None:

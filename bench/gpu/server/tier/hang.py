@@ -34,7 +34,7 @@ from tier.conf import (
     write_summary,
 )
 from tier.evidence import analyze, log_evidence, read_records, stacks_text, stuck_evidence
-from tier.servers import TRIGGER_PATH, Server, gpu_memory, start_all
+from tier.servers import TRIGGER_PATH, Server, gpu_memory, retire, start_all
 from tier.traffic import generate, served, workload
 
 
@@ -121,6 +121,7 @@ def stage_hang() -> None:
     start_all(list(servers.values()))
     SUMMARY["gpu_after_ready"] = gpu_memory()
     result: dict[str, Any] = {}
+    later: list[Server] = []
     for st, arm in arms:
         s, records = servers[(st, arm)], envs[(st, arm)][1]
         rec: dict[str, Any] = {"ready_s": s.ready_s, "port": s.port}
@@ -140,7 +141,7 @@ def stage_hang() -> None:
         t_last = rec["records"]["t_last_step"]
         rec["s_since_last_draft_step"] = round(time.time() - t_last, 1) if t_last else None
         rec["logs"] = log_evidence(s)
-        s.kill()  # a hung arm's kernels would share the GPU with the next arm
+        retire(s, later)  # time-sliced, a hung arm's kernels would share the GPU with the next arm
         SUMMARY["hang"] = result
         write_summary()
         say(f"{s.name}: " + json.dumps({k: rec.get(k) for k in ("served_all", "phases", "requests", "waited_s",
@@ -158,6 +159,8 @@ def stage_hang() -> None:
         if "stuck" in rec:
             say(stacks_text(rec["stuck"]))
             say(f"  watchdog {json.dumps(rec['stuck']['watchdog'])[:1500]}")
+    for s in later:
+        s.kill()
     SUMMARY["hang"] = result
 
 

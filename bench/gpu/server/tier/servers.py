@@ -22,6 +22,7 @@ from tier.conf import (
     DSA_KV,
     HERE,
     LOGS,
+    MPS,
     MULTICAST_OFF,
     NODES,
     READY_S,
@@ -188,6 +189,16 @@ def start_all(servers: list[Server]) -> None:
         time.sleep(0.5)
     for s in pending:
         say(f"{s.name}: NOT READY after {time.monotonic() - s.t_start:.0f}s\n{tails(s, 30)}")
+
+
+def retire(s: Server, later: list[Server]) -> None:
+    """Kill a server whose arm is done, or under MPS keep it for ``later`` (killed after the last arm): under MPS,
+    killing a server whose kernels were still running took the next server on the GPU down with it, "illegal memory
+    access" at its first request (2026-12-07: a stuck stock server, then a patched one with requests in flight)."""
+    if MPS:
+        later.append(s)
+    else:
+        s.kill()
 
 
 def tails(s: Server, n: int) -> str:

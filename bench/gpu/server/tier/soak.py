@@ -4,8 +4,8 @@ SOAK_BATCHES decode batches (the seed counted 2,019), bounded in requests and ti
 
 Arms (SOAK_ARMS, default "patched stock", same shape and flags, started side by side): the patched soak runs while
 the stock server waits idle; then stock, expected to stop at the first seedless arrival: SOAK_STALL_S without a
-draft step on any rank ends it, with each rank's stack and path, and it is killed last (under MPS that kill takes
-every server on the GPU down: tier.conf.MPS).
+draft step on any rank ends it, with each rank's stack and path. After the traffic, the drain waits while the group
+decodes (tier.traffic.drain). Under MPS no server is killed before the last arm is done (tier.conf.MPS).
 Per arm and rank, from SGLang's own log lines and the observer's records: decode batches and the target-verify graph
 on/off in each, draft rounds graph/eager and the share of group-eager rounds (per rate phase too), split rounds,
 the round mix (idle ranks beside busy ones, unequal batches, arrivals on several ranks in one round, requests
@@ -60,12 +60,12 @@ from tier.evidence import (
     summarize,
 )
 from tier.hang import trigger_env
-from tier.servers import Server, gpu_memory, start_all
+from tier.servers import Server, gpu_memory, retire, start_all
 from tier.traffic import SoakPlan, SoakTraffic, open_loop
 
 BATCHES = int(os.environ.get("SOAK_BATCHES", "2100"))
 STALL_S = float(os.environ.get("SOAK_STALL_S", "40"))
-DRAIN_S = float(os.environ.get("SOAK_DRAIN_S", "90"))
+DRAIN_S = float(os.environ.get("SOAK_DRAIN_S", "90"))  # kept for the drain (it may take longer: tier.traffic.drain)
 
 
 def plan() -> SoakPlan:
@@ -94,6 +94,11 @@ class Progress:
         self.counts = self.counter.read()
         if self.counts and min(self.counts.values()) >= BATCHES:
             return "batches"
+        return self.stopped()
+
+    def stopped(self) -> str | None:
+        """Why the group stopped decoding, or None while it decodes: a node exited, or STALL_S without a draft step."""
+        now = time.monotonic()
         if any(not n.alive() for n in self.s.all_nodes()):
             return "node exited"
         size = sum(os.path.getsize(os.path.join(self.records, f)) for f in os.listdir(self.records)
@@ -105,8 +110,9 @@ class Progress:
         return None
 
 
-def round_mix(steps: dict[int, dict[int, dict[str, Any]]]) -> dict[str, int]:
-    """How the rounds mixed, counted over the steps every rank recorded."""
+def round_mix(steps: dict[int, dict[int, dict[str, Any]]], index_share: bool = True) -> dict[str, int | None]:
+    """How the rounds mixed, counted over the steps every rank recorded. An arrival is a busy rank without a seed,
+    which only a model with MTP IndexShare tells apart: without it no rank ever holds one (None)."""
     full = [steps[k] for k in sorted(steps) if len(steps[k]) == NODES]
     mix = {"rounds": len(full), "idle_beside_busy": 0, "unequal_batches": 0, "arrivals_on_2plus_ranks": 0,
            "finished_mid_round": 0, "max_bs": 0}  # fmt: skip
@@ -121,7 +127,7 @@ def round_mix(steps: dict[int, dict[int, dict[str, Any]]]) -> dict[str, int]:
             shrank = [r for r in p if 0 < p[r]["bs"] < prev[r]["bs"]]
             mix["finished_mid_round"] += bool(shrank) and len(busy) > len(shrank)
         prev = p
-    return mix
+    return {**mix, "arrivals_on_2plus_ranks": mix["arrivals_on_2plus_ranks"] if index_share else None}
 
 
 def per_phase(drafts: list[dict[str, Any]], traffic: SoakTraffic) -> list[dict[str, Any]]:
@@ -162,15 +168,18 @@ def profile_later(s: Server, after_s: float, into: dict[str, Any]) -> threading.
     return t
 
 
-def run_arm(s: Server, arm: str, records: str, recorder: str) -> dict[str, Any]:
+def run_arm(s: Server, arm: str, records: str, recorder: str, index_share: bool) -> dict[str, Any]:
     counter = DecodeCounter(s)
     at_start = log_sizes(s)
     profiled: dict[str, Any] = {}
     profile_later(s, float(os.environ.get("SOAK_PROFILE_AT_S", "60")), profiled)
-    margin = DRAIN_S + 90  # drain, evidence, rollcall, kill
+    margin = DRAIN_S + 90  # the drain's share, evidence, rollcall, kill
     say(f"{s.name}: soak until {BATCHES} decode batches per rank (bound {left() - margin:.0f}s)")
-    traffic = open_loop(s, plan(), Progress(s, records, counter), max(30.0, left() - margin), DRAIN_S)
-    rec: dict[str, Any] = {"stopped_by": traffic.stopped_by, "wall_s": traffic.wall_s}
+    end = time.monotonic() + left() - 90  # the drain goes on while the group decodes, up to the evidence's margin
+    progress = Progress(s, records, counter)
+    traffic = open_loop(s, plan(), progress, progress.stopped, max(30.0, left() - margin), end)
+    rec: dict[str, Any] = {"stopped_by": traffic.stopped_by, "wall_s": traffic.wall_s,
+                           "drain_ended_by": traffic.drain_ended_by, "drain_s": traffic.drain_s}  # fmt: skip
     if traffic.stopped_by == "stalled" or any(r["problem"] == "pending" for r in traffic.sent):
         rec["stuck"] = stuck_evidence(s, records)
     counts = counter.read()
@@ -185,7 +194,8 @@ def run_arm(s: Server, arm: str, records: str, recorder: str) -> dict[str, Any]:
         eager_share=round(a["group_eager_steps"] / a["steps_all_ranks"], 4) if a["steps_all_ranks"] else None,
         split_rounds=len(a["split_steps"]), split_steps=a["split_steps"][:8], split_records=a["split_step_records"],
         seedless_step_records=a["seedless_step_records"], round_ms=a["round_ms"], draft_ms=a["draft_ms"],
-        round_mix=round_mix(step_table(drafts)), asked=len(traffic.sent), served=len(traffic.sent) - len(problems),
+        round_mix=round_mix(step_table(drafts), index_share), asked=len(traffic.sent),
+        served=len(traffic.sent) - len(problems),
         tokens_asked=sum(r["tokens"] for r in traffic.sent), problems=problems[:10],
         request_s=spread([r["s"] for r in traffic.sent if "s" in r]),
         phases=per_phase(drafts, traffic), observer_errors=a["observer_errors"], meta=a["meta"],
@@ -237,6 +247,7 @@ def stage_soak() -> None:
     start_all(list(servers.values()))
     SUMMARY["gpu_after_ready"] = gpu_memory()
     result: dict[str, Any] = {}
+    later: list[Server] = []
     for arm in order:
         s, (env, records, recorder) = servers[arm], envs[arm]
         rec: dict[str, Any] = {"release": RELEASE, "nodes": NODES, "arm": arm, "tier": TIER, "backend": DSA_KV,
@@ -247,18 +258,21 @@ def stage_soak() -> None:
         elif left() < 120:
             rec["not_run"] = f"{left():.0f}s of budget left"
         else:
-            rec.update(run_arm(s, arm, records, recorder))
-        s.kill()
+            rec.update(run_arm(s, arm, records, recorder, index_share=not (arm == "stock" and stock_model)))
+        retire(s, later)
         result[arm] = rec
         os.makedirs(OUT, exist_ok=True)
         with open(os.path.join(OUT, f"soak-{RELEASE}-{arm}.json"), "w") as f:
             json.dump(rec, f, indent=1, default=str)
         say_arm(s, rec)
+    for s in later:
+        s.kill()
     SUMMARY["soak"] = {arm: {k: r.get(k) for k in BRIEF} for arm, r in result.items()}
 
 
-BRIEF = ("stopped_by", "decode_batches", "verify_graph", "draft_rounds", "group_eager_rounds", "eager_share",
-         "split_rounds", "asked", "served", "round_ms", "draft_ms", "round_mix", "by_rate", "rollcall")  # fmt: skip
+BRIEF = ("stopped_by", "drain_ended_by", "drain_s", "decode_batches", "verify_graph", "draft_rounds",
+         "group_eager_rounds", "eager_share", "split_rounds", "asked", "served", "round_ms", "draft_ms", "round_mix",
+         "by_rate", "rollcall")  # fmt: skip
 
 
 def say_arm(s: Server, rec: dict[str, Any]) -> None:

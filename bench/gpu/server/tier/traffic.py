@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +103,22 @@ class SoakTraffic:
     phases: list[dict[str, Any]] = field(default_factory=list)
     stopped_by: str = ""
     wall_s: float = 0.0
+    drain_ended_by: str = ""
+    drain_s: float = 0.0
+
+
+def drain(futures: list[Future[dict[str, Any]]], stopped: Callable[[], str | None], end: float) -> str:
+    """Wait for every request while the group decodes: "drained" when all are answered, what ``stopped()`` names once
+    the group stops (a stuck group's requests never come back), or "time" at ``end`` (monotonic) with requests still
+    in flight on a group that decodes (a backlog, not a hang)."""
+    pending = {f for f in futures if not f.done()}
+    while pending:
+        if time.monotonic() >= end:
+            return "time"
+        if why := stopped():
+            return why
+        _, pending = wait(pending, timeout=min(1.0, max(0.01, end - time.monotonic())), return_when=FIRST_COMPLETED)
+    return "drained"
 
 
 def _request_of(rng: random.Random, plan: SoakPlan, n: int) -> dict[str, Any]:
@@ -112,10 +128,17 @@ def _request_of(rng: random.Random, plan: SoakPlan, n: int) -> dict[str, Any]:
     return {"rid": f"soak-{n}", "rank": rng.randrange(NODES), "prompt": prompt, "tokens": tokens}
 
 
-def open_loop(s: Server, plan: SoakPlan, done: Callable[[], str | None], max_s: float, drain_s: float) -> SoakTraffic:
+def open_loop(
+    s: Server,
+    plan: SoakPlan,
+    done: Callable[[], str | None],
+    stopped: Callable[[], str | None],
+    max_s: float,
+    end: float,
+) -> SoakTraffic:
     """Send the plan's arrivals until ``done()`` names a reason to stop, ``max_requests`` were sent or ``max_s``
-    passed; then wait up to ``drain_s`` for what is in flight (0 after a stall: nothing more will come). Every
-    response is checked for its exact tokens; a request still pending is a finding, kept as such."""
+    passed; then drain what is in flight until ``end`` (tier.traffic.drain; nothing after a stall: nothing more will
+    come). Every response is checked for its exact tokens; a request still pending is a finding, kept as such."""
     rng = random.Random(plan.seed)
     traffic = SoakTraffic()
     futures: list[tuple[dict[str, Any], Future[dict[str, Any]]]] = []
@@ -138,19 +161,23 @@ def open_loop(s: Server, plan: SoakPlan, done: Callable[[], str | None], max_s: 
         n += 1
         req = _request_of(rng, plan, n)
         req.update(t_sent=time.time(), phase=phase)
-        futures.append((req, pool.submit(generate, s, req["rid"], req["rank"], req["tokens"], max_s + drain_s,
+        futures.append((req, pool.submit(generate, s, req["rid"], req["rank"], req["tokens"], max(1.0, end - now),
                                          req["prompt"])))  # fmt: skip
         traffic.phases[-1]["sent"] += 1
         next_at += rng.expovariate(rate)
-    drain_until = time.monotonic() + (0 if traffic.stopped_by == "stalled" else drain_s)
+    t_drain = time.monotonic()
+    traffic.drain_ended_by = (
+        "stalled" if traffic.stopped_by == "stalled" else drain([f for _, f in futures], stopped, end)
+    )
+    traffic.drain_s = round(time.monotonic() - t_drain, 1)
     for req, fut in futures:
         del req["prompt"]
         traffic.sent.append(req)
-        try:
-            out = fut.result(timeout=max(0.01, drain_until - time.monotonic()))
-        except TimeoutError:
+        if not fut.done():
             req["problem"] = "pending"
             continue
+        try:
+            out = fut.result()
         except Exception as exc:  # noqa: BLE001 - a failed request is a finding, kept
             req["problem"] = f"{type(exc).__name__}: {exc}"[:200]
             continue
