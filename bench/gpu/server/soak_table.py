@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 """The soak results table, made from the summary JSONs only (``soak-<release>-<arm>.json`` under a results folder,
-one row per file, named by its run's folder):
-``python3 bench/gpu/server/soak_table.py bench/gpu/results/<date>/dp4`` prints it; ``--check README.md`` fails when
-the README's table (between the two marker lines) is not what the files say."""
+one row per file, named by its run's folder), and the ``ab`` stage's ratios (``summary-<release>.json``):
+``python3 bench/gpu/server/soak_table.py bench/gpu/results/<date>`` prints them; ``--check README.md`` fails when
+a table of the README (between its two marker lines) is not what the files say."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import random
+import statistics
 import sys
 from typing import Any
 
 BEGIN, END = "<!-- soak-table: begin (soak_table.py) -->", "<!-- soak-table: end -->"
+AB_BEGIN, AB_END = "<!-- ab-table: begin (soak_table.py) -->", "<!-- ab-table: end -->"
+# the ab stage's pairs: (numerator arm, denominator arm, what is compared, the goal of issue 47)
+PAIRS = (("A", "B", "patched / stock (plugin off)", 0.995), ("R", "A", "recorder on / off", 0.998))
 
 
 def ranks(d: dict[str, Any]) -> str:
@@ -41,7 +46,12 @@ def row(run: str, r: dict[str, Any]) -> str:
     verdict = "- (plugin off)" if r["arm"] == "stock" else rc.get("verdict")
     return (f"{head} {ranks(r['decode_batches'])} | {graph} | "
             f"{draft} | {share} | {r['split_rounds']} | {r['served']} / {r['asked']} | {rt} | {gpu} | "
-            f"{r['stopped_by']}; rollcall {verdict} |")  # fmt: skip
+            f"{r['stopped_by']}{drained(r)}; rollcall {verdict} |")  # fmt: skip
+
+
+def drained(r: dict[str, Any]) -> str:
+    """How the drain after the traffic ended (soaks since 2026-12-07's second session; none before)."""
+    return f", drain {r['drain_ended_by']} {r['drain_s']} s" if r.get("drain_ended_by") else ""
 
 
 def table(folder: str) -> str:
@@ -54,17 +64,62 @@ def table(folder: str) -> str:
     return "\n".join([head, *(row(run, r) for run, r in rows)])
 
 
+def pooled_ms(rounds: list[dict[str, Any]], kind: str, tokens: int) -> float:
+    return 1000 * statistics.median([x for r in rounds for x in r[kind]]) / tokens
+
+
+def ratio_interval(num: list[dict[str, Any]], den: list[dict[str, Any]], kind: str, tokens: int) -> tuple[float, float]:
+    """95 % interval of the throughput ratio, each arm's rounds resampled with replacement (fixed seed: checkable)."""
+    rng, out = random.Random(0), []
+    for _ in range(2000):
+        a, b = [rng.choice(num) for _ in num], [rng.choice(den) for _ in den]
+        out.append(pooled_ms(b, kind, tokens) / pooled_ms(a, kind, tokens))
+    out.sort()
+    return out[50], out[1949]
+
+
+def ab_rows(run: str, s: dict[str, Any]) -> list[str]:
+    ab, rows = s["ab"], []
+    tokens = ab["workload"]["tokens"]
+    for num, den, what, goal in PAIRS:
+        a = [r for r in ab["rounds"] if r["arm"] == num]
+        b = [r for r in ab["rounds"] if r["arm"] == den]
+        if not a or not b:
+            continue
+        for kind, load in (("conc", f"{ab['workload']['per_rank']} per rank at once"), ("solo", "one at a time")):
+            ms_a, ms_b = pooled_ms(a, kind, tokens), pooled_ms(b, kind, tokens)
+            lo, hi = ratio_interval(a, b, kind, tokens)
+            rows.append(f"| {run} | {s['release']} | {s['nodes']} | {what} | {load} | {len(a)} / {len(b)} | "
+                        f"{ms_a:.3f} / {ms_b:.3f} | {ms_b / ms_a:.4f} | {lo:.4f}-{hi:.4f} | >= {goal} |")  # fmt: skip
+    return rows
+
+
+def ab_table(folder: str) -> str:
+    paths = sorted(glob.glob(os.path.join(folder, "**", "summary-*.json"), recursive=True))
+    runs = [(os.path.relpath(os.path.dirname(p), folder), json.load(open(p))) for p in paths]
+    head = ("| run | release | DP | compared | requests | rounds | ms per token (pooled median) | throughput ratio | "
+            "95 % interval (rounds resampled) | goal |\n|" + "---|" * 10)  # fmt: skip
+    return "\n".join([head, *(line for run, s in runs if "summary" in s.get("ab", {}) for line in ab_rows(run, s))])
+
+
+def differs(text: str, begin: str, end: str, made: str) -> bool:
+    have = text.split(begin, 1)[1].split(end, 1)[0].strip() if begin in text else ""
+    return have != made
+
+
 def main() -> int:
     folder = sys.argv[1]
-    made = table(folder)
+    made, made_ab = table(folder), ab_table(folder)
     if len(sys.argv) > 3 and sys.argv[2] == "--check":
         text = open(sys.argv[3]).read()
-        have = text.split(BEGIN, 1)[1].split(END, 1)[0].strip() if BEGIN in text else ""
-        if have != made:
+        if differs(text, BEGIN, END, made):
             print(f"{sys.argv[3]}: the soak table differs from {folder}'s files; regenerate it:\n{made}")
             return 1
+        if AB_BEGIN in text and differs(text, AB_BEGIN, AB_END, made_ab):
+            print(f"{sys.argv[3]}: the ab table differs from {folder}'s files; regenerate it:\n{made_ab}")
+            return 1
         return 0
-    print(made)
+    print(made + "\n\n" + made_ab)
     return 0
 
 
