@@ -330,17 +330,21 @@ def write_out(directory: Path, rank: int, ticks: int, wall: float) -> None:
     patch(path, recfile.HEARTBEAT_OFFSET, "<QdqQ", ticks, wall, start_mono + 10**9, ticks)
 
 
+def copied_files_answer(directory: Path, capsys, ranks: dict[int, tuple[int, float]]) -> tuple[int, dict]:
+    """``rollcall --json`` over files of ``rank: (rounds, seconds since its write-out)``, not watched (copied files)."""
+    now = time.time()
+    for rank, (rounds, age) in ranks.items():
+        write_rank(directory, rank, 3, [GRAPH] * rounds)
+        write_out(directory, rank, 1, now - age)
+    code, out = run_rollcall(capsys, str(directory), "--json")
+    return code, json.loads(out)
+
+
 @release_free
 def test_the_write_out_lag_is_against_the_newest_file_that_holds_the_round(tmp_path, capsys):
     """Two files hold round 5, written out at different moments: the lag is counted from the newer one. Before: from
     whichever file came last (rank 1's, 0.6 s older), so 0.4 s instead of 1.0 s."""
-    for rank, rounds in ((0, 5), (1, 5), (2, 4)):
-        write_rank(tmp_path, rank, 3, [GRAPH] * rounds)
-    now = time.time()
-    for rank, age in ((0, 0.0), (1, 0.6), (2, 1.0)):
-        write_out(tmp_path, rank, 1, now - age)
-    code, out = run_rollcall(capsys, str(tmp_path), "--json")
-    data = json.loads(out)
+    code, data = copied_files_answer(tmp_path, capsys, {0: (5, 0.0), 1: (5, 0.6), 2: (4, 1.0)})
     assert code == 0 and data["never_reached"] == [2], data["answer"]
     assert "rank [2] never reached round 5 (its file was written out 1.0 s before the newest)" in data["answer"]
 
@@ -350,13 +354,7 @@ def test_a_lag_under_a_tenth_of_a_second_is_said_in_ms_for_several_ranks(tmp_pat
     """Eight ranks' heartbeats start together and stay in phase, so a busy group's files are written out within tens of
     ms and 17-ms rounds still leave some a round behind. Before: "(their files were up to written out 0.0 s before the
     newest)" (a real DP8 soak on a GPU, 2026-12-07)."""
-    for rank, rounds in ((0, 5), (1, 4), (2, 4)):
-        write_rank(tmp_path, rank, 3, [GRAPH] * rounds)
-    now = time.time()
-    for rank, age in ((0, 0.0), (1, 0.04), (2, 0.01)):
-        write_out(tmp_path, rank, 1, now - age)
-    code, out = run_rollcall(capsys, str(tmp_path), "--json")
-    data = json.loads(out)
+    code, data = copied_files_answer(tmp_path, capsys, {0: (5, 0.0), 1: (4, 0.04), 2: (4, 0.01)})
     assert code == 0 and data["never_reached"] == [1, 2], data["answer"]
     assert (
         "ranks [1, 2] never reached round 5 (their files were written out up to 40 ms before the newest)"
