@@ -14,7 +14,8 @@ scheduler faults in the logs, and ``rollcall`` over the recorder files. One summ
 ``$OUT/soak-<release>-<arm>.json``.
 SOAK_DX_EAGER=1 sets SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 on both arms (#33973: every busy rank's draft-extend
 eager, through the DSA backend's host-sync branch). SOAK_STOCK_INDEXSHARE=0 gives the stock arm the IndexShare-off
-model copy (no seed, so no seedless eager fallback and no split to take).
+model copy (no seed, so no seedless eager fallback and no split to take); SOAK_INDEXSHARE=0 gives it to every arm, so
+both serve the same traffic and their rounds compare phase by phase (patched against stock, thousands of rounds each).
 """
 
 from __future__ import annotations
@@ -239,9 +240,11 @@ def arm_env(arm: str) -> tuple[dict[str, str], str, str]:
 def stage_soak() -> None:
     order = os.environ.get("SOAK_ARMS", "patched stock").split()
     refuse_stuck_arm_before_another(order)
-    stock_model = ab_model_flags() if os.environ.get("SOAK_STOCK_INDEXSHARE", "1") == "0" else []
+    off = set(order) if os.environ.get("SOAK_INDEXSHARE") == "0" else set()
+    off |= {"stock"} if os.environ.get("SOAK_STOCK_INDEXSHARE") == "0" else set()
+    off_model = ab_model_flags() if off else []  # the arms in `off` run the IndexShare-off copy
     envs = {arm: arm_env(arm) for arm in order}
-    servers = {arm: Server(f"soak-{arm}", MTP + PD + HANG_FLAGS + (stock_model if arm == "stock" else []),
+    servers = {arm: Server(f"soak-{arm}", MTP + PD + HANG_FLAGS + (off_model if arm in off else []),
                            envs[arm][0]) for arm in order}  # fmt: skip
     say("soak servers:", *order, "\nflags:", *servers[order[0]].flags)
     start_all(list(servers.values()))
@@ -258,7 +261,7 @@ def stage_soak() -> None:
         elif left() < 120:
             rec["not_run"] = f"{left():.0f}s of budget left"
         else:
-            rec.update(run_arm(s, arm, records, recorder, index_share=not (arm == "stock" and stock_model)))
+            rec.update(run_arm(s, arm, records, recorder, index_share=not (arm in off and bool(off_model))))
         retire(s, later)
         result[arm] = rec
         os.makedirs(OUT, exist_ok=True)
