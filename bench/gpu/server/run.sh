@@ -7,7 +7,8 @@
 # shared host's GPUs out of service). Installs the carried wheels under /tmp, restores the carried JIT cache, runs
 # drive.py per release carried in $G/sg (or RELEASES), and leaves under $OUT: env.txt, summary-<release>.json,
 # logs-<release>.tgz (node logs + observer records; committed results keep them as .tar.xz, without the observer's
-# rank*.jsonl, which the soak JSON sums up: the tree and a carry share 64 MiB), jit-cache.tgz (carry it next time: fetch.sh CACHE=...).
+# rank*.jsonl, which the soak JSON sums up: the tree and a carry share 64 MiB), jit-cache.tgz (carry it next time:
+# fetch.sh CACHE=...).
 # DSA tier (the carry has dg/): sgl-deep-gemm is unpacked beside the wheels, CUDA_HOME comes from nvcc (DeepGEMM
 # JIT-compiles with it), and preflight_dsa.py (PREFLIGHT=0 skips it) calls the DSA kernels against torch references
 # before any server starts; the JIT cache then keeps only what a later run reuses (tvm-ffi *.so, ~/.deep_gemm,
