@@ -15,7 +15,7 @@ trap stop_all EXIT
 INFO=$TMP/launch_cpu_gaps-0.0.0.dist-info; mkdir -p "$INFO"
 printf 'Metadata-Version: 2.1\nName: launch-cpu-gaps\nVersion: 0.0.0\n' > "$INFO/METADATA"
 printf '[sglang.srt.plugins]\nlaunch_cpu_gaps = launch_cpu_gaps:register\n' > "$INFO/entry_points.txt"
-export DRIVE_CPU=1 DRIVE_CPU_PATH=$ROOT/tests/launch/stubs:$ROOT/tests/launch/cpu_gaps:$TMP DRIVE_MODEL=$ROOT/tests/launch/models/tiny-qwen3-moe
+export DRIVE_CPU=1 DRIVE_CPU_PATH=$ROOT/tests/launch/stubs:$ROOT/tests/launch/cpu_gaps:$ROOT/bench/gpu/server/stubs_cpu:$TMP DRIVE_MODEL=$ROOT/tests/launch/models/tiny-qwen3-moe
 export OUT=${OUT:-$TMP/out} DRIVE_LOGS=${DRIVE_LOGS:-$TMP/logs} SGLANG_RELEASE=$V G=${G:-$TMP/no-carry}
 mkdir -p "$DRIVE_LOGS" "$OUT"
 rc=0; timeout "${DRIVE_TIMEOUT_S:-900}" "$PY" bench/gpu/server/drive.py "$@" || rc=$?

@@ -11,6 +11,8 @@ Stages (one module each under tier/):
         (tier/soak.py)
   trim  DSA tier: the plugin's DSA patches at work in a real server, both DSA decode backends (tier/trim.py)
   ab    decode cost, plugin on vs off (and the recorder, and --tp 1) in interleaved rounds (tier/ab.py)
+  pd    a real prefill and KV transfer (mooncake over TCP) in front of the DP decode, prefill with and without
+        MTP, stock and patched decodes, every served token judged (tier/pd.py)
 DRIVE_CPU=1 runs the driver against CPU launches (the launch tier's stand-ins) to check it here before device time.
 """
 
@@ -26,10 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tier import conf  # noqa: E402 - the tier package sits beside this script
 from tier.ab import stage_ab  # noqa: E402
 from tier.hang import stage_hang  # noqa: E402
+from tier.pd import stage_pd  # noqa: E402
 from tier.soak import stage_soak  # noqa: E402
 from tier.trim import stage_trim  # noqa: E402
 
-STAGES = {"hang": stage_hang, "soak": stage_soak, "trim": stage_trim, "ab": stage_ab}
+STAGES = {"hang": stage_hang, "soak": stage_soak, "trim": stage_trim, "ab": stage_ab, "pd": stage_pd}
 
 
 def main() -> None:

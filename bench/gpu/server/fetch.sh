@@ -11,7 +11,10 @@
 #   dg/      TIER=dsa only: sgl-deep-gemm (DG_VERSION, 0.5.17's pin 0.1.5.post1), the DSA indexer's paged MQA logits,
 #            JIT-compiled on the device by its nvcc; only the headers those sm90 kernels include (DG_TRIM=0: all)
 #   cache/   JIT caches returned by an earlier run (CACHE=path/to/jit-cache.tgz): SGLang's tvm-ffi kernels + Triton
-# Knobs: TIER, CARRY_DIR (another folder name, e.g. one carry per release), SGLANG_VERSIONS (default 0.5.17), SGLANG_KERNEL (0.4.5; 0.5.15.post1 pins 0.4.4), NO_PYSPY=1.
+#   mc/      MOONCAKE=1 only (stage pd): mooncake-transfer-engine-cuda13 (MC_VERSION, 0.3.14: libcudart 13, as the
+#            device's torch 2.11+cu130) trimmed to what `mooncake.engine` loads (LZMA, 6.5 MB); engine.so also needs
+#            libibverbs, libmlx5, libnuma and libcurl from the image (all there on the lent H100, 2026-12-07)
+# Knobs: TIER, CARRY_DIR (another folder name, e.g. one carry per release), SGLANG_VERSIONS (default 0.5.17), SGLANG_KERNEL (0.4.5; 0.5.15.post1 pins 0.4.4), NO_PYSPY=1, MOONCAKE=1.
 # TIER=dsa keeps sglang-kernel's flashmla_ops (FlashMLA sparse/FP8 kernels, +3.2 MB).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd); cd "$ROOT"
@@ -35,8 +38,12 @@ SK=${SGLANG_KERNEL:-0.4.5}
 python3 -m pip download -q $P -d "$DL/sk" "sglang-kernel==$SK" 2>&1 | quiet
 DG=${DG_VERSION:-0.1.5.post1}
 if [[ $TIER == dsa ]]; then mkdir -p $C/dg; python3 -m pip download -q $P -d "$DL/dg" "sgl-deep-gemm==$DG" 2>&1 | quiet; fi
+MC=${MC_VERSION:-0.3.14}
+if [[ ${MOONCAKE:-0} == 1 ]]; then
+  mkdir -p $C/mc "$DL/mc"; python3 -m pip download -q $P -d "$DL/mc" "mooncake-transfer-engine-cuda13==$MC" 2>&1 | quiet
+fi
 python3 - "$DL" "$SK" "$C" "$TIER" "$DG" "${DG_TRIM:-1}" ${SGLANG_VERSIONS:-0.5.17} <<'PY'
-import glob, posixpath, re, sys, zipfile
+import glob, os, posixpath, re, sys, zipfile
 dl, sk, carry, tier, dg, dg_trim, versions = *sys.argv[1:5], sys.argv[5], sys.argv[6] == "1", sys.argv[7:]
 def trim(src: str, dst: str, drop) -> None:
     # LZMA: a quarter smaller than the wheels' deflate for sglang-kernel (18.2 -> 13.8 MB); run.sh extracts with zipfile
@@ -75,6 +82,13 @@ if tier == "dsa":
             here = posixpath.normpath(posixpath.join(posixpath.dirname(path), inc))
             todo += [c for c in (here, pre + inc) if c in names][:1]
     trim(src, f"{carry}/dg/sgl_deep_gemm-{dg}.zip", lambda n: dg_trim and n.startswith(pre) and n not in keep)
+if os.environ.get("MOONCAKE") == "1":
+    # what `from mooncake.engine import TransferEngine` loads: engine.so with its RPATH'd libraries (readelf -d)
+    mc = os.environ.get("MC_VERSION", "0.3.14")
+    keep_mc = ("mooncake/__init__.py", "mooncake/engine.so", "mooncake/libetcd_wrapper.so", "mooncake/libasio.so")
+    libs = ("libglog-", "libgflags-", "libyaml-cpp-", "libjsoncpp-")
+    trim(glob.glob(f"{dl}/mc/mooncake_transfer_engine_cuda13-{mc}-*.whl")[0], f"{carry}/mc/mooncake-{mc}-trimmed.zip",
+         lambda n: not (n in keep_mc or (n.split("/")[0].endswith(".libs") and n.split("/")[-1].startswith(libs))))
 PY
 T=$(mktemp -d); git archive HEAD | tar x -C "$T"
 python3 -m pip wheel -q --no-deps -w $C/plugin "$T" 2>&1 | quiet; rm -rf "$T"

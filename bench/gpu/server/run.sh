@@ -21,10 +21,10 @@ export PYTHONUNBUFFERED=1
 ROOT=$PWD; HERE=$ROOT/bench/gpu/server; G=${G:-.gpuserver}; [[ $G == /* ]] || G=$ROOT/$G; export G
 L=${OUT:-/tmp/out}; mkdir -p "$L"; T0=$(date +%s); el() { echo "[run +$(( $(date +%s) - T0 ))s] $*"; }
 # BASE=<folder>: a carry of one release (sg/, plugin/, model/, and dg/ or sk/ where its pins differ) borrows the
-# missing whl/, sk/, dg/ from a full carry left on the warm machine by an earlier call (64 MiB fit one full carry)
+# missing whl/, sk/, dg/, mc/ from a full carry left on the warm machine by an earlier call (64 MiB fit one full carry)
 if [[ -n ${BASE:-} ]]; then
   [[ $BASE == /* ]] || BASE=$ROOT/$BASE
-  for d in whl sk dg; do [[ -e $G/$d || ! -d $BASE/$d ]] || ln -s "$BASE/$d" "$G/$d"; done
+  for d in whl sk dg mc; do [[ -e $G/$d || ! -d $BASE/$d ]] || ln -s "$BASE/$d" "$G/$d"; done
 fi
 [[ -d $G/whl && -d $G/sk ]] || { echo "no $G/whl or $G/sk, and no BASE carry (${BASE:-unset}) on this machine: carry a full folder"; exit 4; }
 DSA=0; [[ -d $G/dg ]] && DSA=1
@@ -45,6 +45,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 unzip_to() { python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"; }
 for z in "$G"/dg/*.zip; do [[ -f $z ]] && unzip_to "$z" /tmp/site && el "unpacked $(basename "$z")"; done
 rm -rf /tmp/sk && mkdir -p /tmp/sk && unzip_to "$G"/sk/*.zip /tmp/sk
+MC=""  # stage pd's real KV transfer (fetch.sh MOONCAKE=1): mooncake's engine on the servers' path
+for z in "$G"/mc/*.zip; do
+  [[ -f $z ]] || continue
+  rm -rf /tmp/mc && mkdir -p /tmp/mc && unzip_to "$z" /tmp/mc && MC=:/tmp/mc
+  el "mooncake $(basename "$z"): $(PYTHONPATH=/tmp/mc python3 -c 'import mooncake.engine as e; print("imports", e.TransferEngine.__name__)' 2>&1 | tail -1)" | tee -a "$L/env.txt"
+done
 for c in "$G"/cache/*.tgz; do [[ -f $c ]] && tar xzf "$c" -C / && el "restored JIT cache $(basename "$c")"; done
 export PATH=/tmp/site/bin:$PATH   # py-spy: drive.py's evidence and SGLang's soft watchdog
 # MPS=1: the servers' processes share the GPU through one CUDA MPS daemon of this run (pipe and log under /tmp,
@@ -64,8 +70,8 @@ RELEASES=${RELEASES:-$(ls "$G"/sg | sed 's/^sglang-//; s/-trimmed.zip$//' | sort
 for V in $RELEASES; do
   rm -rf /tmp/sg /tmp/gslogs && mkdir -p /tmp/sg /tmp/gslogs
   unzip_to "$G/sg/sglang-$V-trimmed.zip" /tmp/sg
-  export PYTHONPATH=/tmp/sg:/tmp/site:/tmp/sk:$HERE/stubs:$ROOT/bench/gpu/stubs SGLANG_RELEASE=$V
-  (( DSA )) && export PYTHONPATH=/tmp/sg:/tmp/site:/tmp/sk:$HERE/stubs  # the real deep_gemm, not the stand-in
+  export PYTHONPATH=/tmp/sg:/tmp/site:/tmp/sk:$HERE/stubs:$ROOT/bench/gpu/stubs$MC SGLANG_RELEASE=$V
+  (( DSA )) && export PYTHONPATH=/tmp/sg:/tmp/site:/tmp/sk:$HERE/stubs$MC  # the real deep_gemm, not the stand-in
   # 0.5.15.post1 imports its SM100-only CuTe DSL kernel eagerly; its package does not fit the carry (stubs_sm100/)
   (( DSA )) && [[ $V == 0.5.15.post1 ]] && ! python3 -c 'import cutlass' 2>/dev/null && export PYTHONPATH=$PYTHONPATH:$HERE/stubs_sm100
   el "sglang $V: $(python3 -c 'import sglang, sglang_dp_mtp_fix as p; print(sglang.__version__, "plugin", p.__version__)' 2>&1 | tail -1)"

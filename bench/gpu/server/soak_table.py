@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The soak results table, made from the summary JSONs only (``soak-<release>-<arm>.json`` under a results folder,
-one row per file, named by its run's folder), and the ``ab`` stage's ratios (``summary-<release>.json``):
+one row per file, named by its run's folder), the ``pd`` stage's legs (``pd-<release>-<prefill>-<arm>.json``), and
+the ``ab`` stage's ratios (``summary-<release>.json``):
 ``python3 bench/gpu/server/soak_table.py bench/gpu/results/<date>`` prints them; ``--check README.md`` fails when
 a table of the README (between its two marker lines) is not what the files say."""
 
@@ -16,6 +17,7 @@ from typing import Any
 
 BEGIN, END = "<!-- soak-table: begin (soak_table.py) -->", "<!-- soak-table: end -->"
 AB_BEGIN, AB_END = "<!-- ab-table: begin (soak_table.py) -->", "<!-- ab-table: end -->"
+PD_BEGIN, PD_END = "<!-- pd-table: begin (soak_table.py) -->", "<!-- pd-table: end -->"
 # the ab stage's pairs: (numerator arm, denominator arm, what is compared, the goal of issue 47)
 PAIRS = (("A", "B", "patched / stock (plugin off)", 0.995), ("R", "A", "recorder on / off", 0.998))
 
@@ -64,6 +66,42 @@ def table(folder: str) -> str:
     return "\n".join([head, *(row(run, r) for run, r in rows)])
 
 
+def judged(j: dict[str, Any] | None) -> str:
+    """identical / compared tokens, and the requests that differ: near-ties and divergences (tier.judge)."""
+    if not j or j.get("tokens_compared") is None:
+        return "-"
+    return (f"{j['tokens_identical']} / {j['tokens_compared']} ({j['requests_identical']} / {j['requests_compared']}"
+            f" requests; {j['near_ties']} near-tie, {j['divergences']} divergent)")  # fmt: skip
+
+
+def pd_row(run: str, r: dict[str, Any]) -> str:
+    prefill = f"{r['prefill']}: {'MTP' if r['prefill_spec'] else 'no spec'}"
+    head = f"| {run} | {r['release']} | {r['nodes']} | {gpu_cell(r)} | {r['transfer']} | {prefill} | {r['arm']} |"
+    if r.get("not_ready") or r.get("not_run"):
+        return f"{head} not run: {r.get('not_run') or 'not ready'} |||||||||||"
+    graph = ranks({k: f"{v['on']}/{v['off']}" for k, v in r["verify_graph"].items()})
+    ms = r.get("round_ms") or {}
+    rt = " / ".join(f"{(ms.get(p) or {}).get('median', '-')}" for p in ("graph", "eager"))
+    share = "-" if r.get("group_eager_share") is None else f"{100 * r['group_eager_share']:.1f} %"
+    judge = r.get("judge") or {}
+    ref = judge.get("reference") or "-"
+    return (f"{head} {r['arrivals_seeded']} / {r['arrivals_seedless']} | {share} | {r['split_rounds']} | "
+            f"{ranks(r['decode_batches'])} | {graph} | {rt} | {(r.get('accept_len') or {}).get('mean', '-')} | "
+            f"{r['served']} / {r['asked']} | {ref} | {judged(judge.get('soak'))} | {judged(judge.get('alone'))} | "
+            f"{r.get('arrivals_written_elsewhere', '-')} | {r['stopped_by']}{drained(r)} |")  # fmt: skip
+
+
+def pd_table(folder: str) -> str:
+    paths = sorted(glob.glob(os.path.join(folder, "**", "pd-*.json"), recursive=True))
+    rows = [(os.path.relpath(os.path.dirname(p), folder), json.load(open(p))) for p in paths]
+    head = ("| run | release | DP | GPU | transfer | prefill | decode | arrivals seeded / seedless | "
+            "group-eager rounds | split rounds | decode batches per rank | verify graph on/off per rank | "
+            "ms per round graph / eager (median) | accepted length (mean per batch) | served / asked | "
+            "judged against | soak tokens identical / compared | one-at-a-time tokens identical / compared | "
+            "arrivals written outside their slot | ended by |\n|" + "---|" * 20)  # fmt: skip
+    return "\n".join([head, *(pd_row(run, r) for run, r in rows)])
+
+
 def pooled_ms(rounds: list[dict[str, Any]], kind: str, tokens: int) -> float:
     return 1000 * statistics.median([x for r in rounds for x in r[kind]]) / tokens
 
@@ -109,17 +147,15 @@ def differs(text: str, begin: str, end: str, made: str) -> bool:
 
 def main() -> int:
     folder = sys.argv[1]
-    made, made_ab = table(folder), ab_table(folder)
+    tables = (("soak", BEGIN, END, table), ("ab", AB_BEGIN, AB_END, ab_table), ("pd", PD_BEGIN, PD_END, pd_table))
     if len(sys.argv) > 3 and sys.argv[2] == "--check":
         text = open(sys.argv[3]).read()
-        if differs(text, BEGIN, END, made):
-            print(f"{sys.argv[3]}: the soak table differs from {folder}'s files; regenerate it:\n{made}")
-            return 1
-        if AB_BEGIN in text and differs(text, AB_BEGIN, AB_END, made_ab):
-            print(f"{sys.argv[3]}: the ab table differs from {folder}'s files; regenerate it:\n{made_ab}")
-            return 1
+        for name, begin, end, make in tables:  # each table the README holds
+            if begin in text and differs(text, begin, end, made := make(folder)):
+                print(f"{sys.argv[3]}: the {name} table differs from {folder}'s files; regenerate it:\n{made}")
+                return 1
         return 0
-    print(made + "\n\n" + made_ab)
+    print("\n\n".join(make(folder) for _, _, _, make in tables))
     return 0
 
 

@@ -17,8 +17,21 @@ RELEASE = os.environ.get("SGLANG_RELEASE", "unknown")
 CPU = os.environ.get("DRIVE_CPU") == "1"
 T0 = time.monotonic()
 BUDGET = float(os.environ.get("DRIVE_BUDGET_S", "480"))
-READY_S = float(os.environ.get("DRIVE_READY_S", "300"))
+# a cold machine (no JIT cache) compiles kernels during the graph captures: 0.5.20's DP4 was not ready at 280 s
+# (its target-verify capture alone took 122 s) and ready in 181 s with the cache (2026-12-07)
+READY_S = float(os.environ.get("DRIVE_READY_S", "420"))
 MODEL = os.environ.get("DRIVE_MODEL", os.path.join(CARRY, "model"))
+
+
+def _vocab(model: str) -> int:
+    try:
+        with open(os.path.join(model, "config.json")) as f:
+            return int(json.load(f)["vocab_size"])
+    except (OSError, ValueError, KeyError):
+        return 400
+
+
+VOCAB = _vocab(MODEL)  # prompts' token ids stay below it (both tiers' models have 128)
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SUMMARY: dict[str, Any] = {"release": RELEASE, "t_start": time.time()}
 # the driver's own plugin settings never leak into a server: each arm sets its own

@@ -19,6 +19,7 @@ from tier.servers import Server
 
 REPORT = re.compile(r"sglang-dp-mtp-fix \S+ on SGLang [^\n]*")
 DECODE = re.compile(r"Decode batch[^\n]*?#running-req: (\d+)[^\n]*?(?:cuda|cpu) graph: (True|False)")  # cpu: DRIVE_CPU
+ACCEPT = re.compile(r"Decode batch[^\n]*? accept len: ([\d.]+)")
 EVIDENCE = {
     "plugin": r"sglang-dp-mtp-fix (?!stats)",
     "captures": r"Capture [\w -]*CUDA graph end",
@@ -46,12 +47,20 @@ class DecodeCounter:
     """Each DP rank's decode batches so far, from its node's ``Decode batch`` lines (``--decode-log-interval 1``),
     read incrementally: the seed's own metric, with the target-verify graph on or off in each and the batch size."""
 
-    def __init__(self, s: Server) -> None:
+    def __init__(self, s: Server, offset: dict[int, int] | None = None) -> None:
         self.s = s
-        self.offset = {r: 0 for r in s.ranks}
+        self.offset = dict(offset) if offset else {r: 0 for r in s.ranks}
         self.graph = {r: {"on": 0, "off": 0} for r in s.ranks}
         self.max_running = {r: 0 for r in s.ranks}
         self.running_hist: dict[int, dict[int, int]] = {r: {} for r in s.ranks}
+        self.accept: dict[int, list[float]] = {r: [] for r in s.ranks}
+
+    @classmethod
+    def from_now(cls, s: Server) -> DecodeCounter:
+        """A counter of what the logs say from now on (a server that served an earlier leg, stage pd)."""
+        past = cls(s)
+        past.read()
+        return cls(s, past.offset)
 
     def read(self) -> dict[int, int]:
         for r in self.s.ranks:
@@ -60,7 +69,9 @@ class DecodeCounter:
                 chunk = f.read()
             cut = chunk.rfind(b"\n") + 1  # whole lines only
             self.offset[r] += cut
-            for running, graph in DECODE.findall(chunk[:cut].decode("utf-8", "replace")):
+            text = chunk[:cut].decode("utf-8", "replace")
+            self.accept[r] += [float(x) for x in ACCEPT.findall(text)]  # each decode batch's mean accepted length
+            for running, graph in DECODE.findall(text):
                 self.graph[r]["on" if graph == "True" else "off"] += 1
                 k = int(running)
                 self.max_running[r] = max(self.max_running[r], k)

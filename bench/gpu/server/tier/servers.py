@@ -9,7 +9,9 @@ runs (all derive the same ``port_base`` from ``--dist-init-addr``; node 0 binds 
 from __future__ import annotations
 
 import glob
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +37,7 @@ from tier.conf import (
 
 READY = "The server is fired up and ready to roll"
 # each server gets a block of ports below the kernel's ephemeral range: HTTP on +0, node r's own on +180+20r,
-# --dist-init-addr on +500 (SGLang's port_base follows it)
+# --dist-init-addr on +500 (SGLang's port_base follows it), a prefill's bootstrap server on +650
 PORT_BLOCK = 700
 _ports = iter(range(20000, 32000, PORT_BLOCK))
 _port_lock = threading.Lock()
@@ -81,11 +83,14 @@ class Server:
     def __init__(self, name: str, flags: list[str], env: dict[str, str], dp: bool = True, kv: str = DSA_KV) -> None:
         self.name, self.dp, self.pd = name, dp, "--disaggregation-mode" in flags
         self.ranks = tuple(range(NODES)) if dp else (0,)
-        self.flags = [*base_flags(), *attention_flags(TIER, kv), *flags]
-        self.logdir = os.path.join(LOGS, name)
-        os.makedirs(self.logdir, exist_ok=True)
         with _port_lock:
             self.port = next(_ports)
+        # a PD prefill (stage pd) serves its bootstrap server for the decodes that pull its KV
+        self.bootstrap_port = self.port + 650 if "prefill" in flags else None
+        boot = ["--disaggregation-bootstrap-port", str(self.bootstrap_port)] if self.bootstrap_port else []
+        self.flags = [*base_flags(), *attention_flags(TIER, kv), *flags, *boot]
+        self.logdir = os.path.join(LOGS, name)
+        os.makedirs(self.logdir, exist_ok=True)
         self.nodes: dict[int, Node] = {}
         self.ready_s: float | None = None
         self.t_start = time.monotonic()
@@ -188,7 +193,28 @@ def start_all(servers: list[Server]) -> None:
                 pending.remove(s)
         time.sleep(0.5)
     for s in pending:
-        say(f"{s.name}: NOT READY after {time.monotonic() - s.t_start:.0f}s\n{tails(s, 30)}")
+        say(f"{s.name}: NOT READY after {time.monotonic() - s.t_start:.0f}s: {not_ready_why(s)}\n{tails(s, 30)}")
+
+
+CAPTURE = re.compile(r"Capture ([\w -]*?)CUDA graph (begin|end)")
+
+
+def not_ready_why(s: Server) -> str:
+    """Why a server gave no ready line within the bound, read from its nodes' logs: still capturing a CUDA graph (on
+    a machine without the JIT cache, its kernels compile during the capture: 0.5.20's target-verify capture took
+    122 s cold, 2026-12-07), or the last thing each node logged."""
+    if 0 not in s.nodes:
+        return "node 0 never started: its other nodes' DP controllers did not all come up"
+    capturing = []
+    for n in s.all_nodes():
+        marks = CAPTURE.findall(n.log())
+        if marks and marks[-1][1] == "begin":
+            capturing.append(f"{n.name} in '{marks[-1][0].strip() or 'decode'}'")
+    if capturing:
+        return ("still capturing CUDA graphs (" + ", ".join(capturing) + "): a cold JIT cache compiles kernels "
+                "there; carry the cache (fetch.sh CACHE=) or raise DRIVE_READY_S")  # fmt: skip
+    last = {n.name: (n.log().strip().splitlines() or ["(empty log)"])[-1][:160] for n in s.all_nodes()}
+    return "no capture in progress; last lines: " + json.dumps(last)
 
 
 def retire(s: Server, later: list[Server]) -> None:

@@ -82,8 +82,8 @@ class Progress:
     """Stop conditions read by the traffic loop once a second: every rank reached the batch target, or no rank
     recorded a draft step for STALL_S while traffic runs (the records only grow while the group decodes)."""
 
-    def __init__(self, s: Server, records: str, counter: DecodeCounter) -> None:
-        self.s, self.records, self.counter = s, records, counter
+    def __init__(self, s: Server, records: str, counter: DecodeCounter, target: int = BATCHES) -> None:
+        self.s, self.records, self.counter, self.target = s, records, counter, target
         self.size, self.t_grew, self.t_read = -1, time.monotonic(), 0.0
         self.counts: dict[int, int] = {}
 
@@ -93,7 +93,7 @@ class Progress:
             return None
         self.t_read = now
         self.counts = self.counter.read()
-        if self.counts and min(self.counts.values()) >= BATCHES:
+        if self.counts and min(self.counts.values()) >= self.target:
             return "batches"
         return self.stopped()
 

@@ -13,7 +13,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from tier.conf import NODES
+from tier.conf import NODES, VOCAB
 from tier.servers import Server
 
 _room = [1000]
@@ -28,26 +28,63 @@ def generate(
     timeout: float = 120,
     input_ids: list[int] | None = None,
     logprobs: bool = False,
+    prefill: Server | None = None,
 ) -> dict[str, Any]:
-    """One PD-decode request routed to DP rank ``rank``, greedy, exactly ``n`` new tokens asked."""
-    with _room_lock:  # bootstrap_room % NODES == the routed rank (the fake transfer's rank)
-        _room[0] += 1 + (rank - _room[0] - 1) % NODES
+    """One PD-decode request routed to DP rank ``rank``, greedy, exactly ``n`` new tokens asked. With ``prefill`` (a
+    real KV transfer, stage pd) the same body goes to the prefill server and the decode at once, with the prefill's
+    bootstrap address, as sglang_router's mini_lb does; the decode's answer is returned (a prefill error is kept)."""
+    with _room_lock:  # bootstrap_room % NODES == the routed rank (the fake transfer's rank; SGLang's
+        _room[0] += 1 + (rank - _room[0] - 1) % NODES  # follow_bootstrap_room on a DP prefill)
         room = _room[0]
     body: dict[str, Any] = {"rid": rid, "input_ids": input_ids or [1, 5 + room % 50, 6, 7],
                             "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}  # fmt: skip
-    if logprobs:
-        body["return_logprob"] = True
+    if logprobs:  # the top two at each position too: a difference is judged by the gap there (tier.judge)
+        body.update(return_logprob=True, top_logprobs_num=2 if prefill is not None else 0)
     if s.dp:
         body["routed_dp_rank"] = rank
-    if s.pd:  # SGLang's fake-transfer marker; nothing is contacted
+    if prefill is not None:
+        body.update(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=room)
+    elif s.pd:  # SGLang's fake-transfer marker; nothing is contacted
         body.update(bootstrap_host="2.2.2.2", bootstrap_room=room)
+    t = time.monotonic()
+    pre: dict[str, Any] = {}
+    sender = None
+    if prefill is not None:
+        sender = threading.Thread(target=_post_into, args=(prefill, body, timeout, pre), daemon=True)
+        sender.start()
+    out = _post(s, body, timeout)
+    out["_s"] = time.monotonic() - t
+    if sender is not None:
+        sender.join(timeout)
+        if "error" in pre or sender.is_alive():
+            out["_prefill_error"] = pre.get("error", "no answer")
+    return out
+
+
+def _post(s: Server, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     req = urllib.request.Request(f"http://127.0.0.1:{s.port}/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})  # fmt: skip
-    t = time.monotonic()
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         out: dict[str, Any] = json.loads(resp.read())
-    out["_s"] = time.monotonic() - t
     return out
+
+
+def _post_into(s: Server, body: dict[str, Any], timeout: float, into: dict[str, Any]) -> None:
+    try:
+        into["out"] = _post(s, body, timeout)
+    except Exception as exc:  # noqa: BLE001 - the caller reports it
+        into["error"] = f"{type(exc).__name__}: {exc}"[:200]
+
+
+def tokens_of(out: dict[str, Any]) -> dict[str, list[Any]]:
+    """What a judge compares: the tokens, each one's logprob, and the gap between the top two logprobs there (None
+    where the server returned no top logprobs)."""
+    meta = out.get("meta_info", {})
+    lps = meta.get("output_token_logprobs") or []
+    tops = meta.get("output_top_logprobs") or []
+    gaps = [round(t[0][0] - t[1][0], 6) if t and len(t) > 1 and t[1][0] is not None else None for t in tops]
+    return {"ids": list(out.get("output_ids") or []), "lp": [None if x[0] is None else round(x[0], 6) for x in lps],
+            "gap": gaps}  # fmt: skip
 
 
 def served(out: dict[str, Any], want: int, rank: int | None) -> str | None:
@@ -122,7 +159,8 @@ def drain(futures: list[Future[dict[str, Any]]], stopped: Callable[[], str | Non
 
 
 def _request_of(rng: random.Random, plan: SoakPlan, n: int) -> dict[str, Any]:
-    prompt = [1] + [rng.randrange(5, 400) for _ in range(rng.randint(*plan.prompt) - 1)]
+    # token ids inside the model's vocabulary: a real prefill embeds them (stage pd; the fake backend never did)
+    prompt = [1] + [rng.randrange(5, min(400, VOCAB)) for _ in range(rng.randint(*plan.prompt) - 1)]
     # mostly short and medium outputs, some long ones: requests finish in the middle of others' decoding
     tokens = rng.randint(*plan.output) if rng.random() < 0.85 else rng.randint(plan.output[1], 2 * plan.output[1])
     return {"rid": f"soak-{n}", "rank": rng.randrange(NODES), "prompt": prompt, "tokens": tokens}
@@ -135,10 +173,13 @@ def open_loop(
     stopped: Callable[[], str | None],
     max_s: float,
     end: float,
+    prefill: Server | None = None,
 ) -> SoakTraffic:
     """Send the plan's arrivals until ``done()`` names a reason to stop, ``max_requests`` were sent or ``max_s``
     passed; then drain what is in flight until ``end`` (tier.traffic.drain; nothing after a stall: nothing more will
-    come). Every response is checked for its exact tokens; a request still pending is a finding, kept as such."""
+    come). Every response is checked for its exact tokens; a request still pending is a finding, kept as such. With
+    ``prefill`` (stage pd) each request also goes to that prefill server, and each answer's tokens, logprobs and
+    top-two gaps are kept for the judge (``tokens``)."""
     rng = random.Random(plan.seed)
     traffic = SoakTraffic()
     futures: list[tuple[dict[str, Any], Future[dict[str, Any]]]] = []
@@ -162,7 +203,7 @@ def open_loop(
         req = _request_of(rng, plan, n)
         req.update(t_sent=time.time(), phase=phase)
         futures.append((req, pool.submit(generate, s, req["rid"], req["rank"], req["tokens"], max(1.0, end - now),
-                                         req["prompt"])))  # fmt: skip
+                                         req["prompt"], prefill is not None, prefill)))  # fmt: skip
         traffic.phases[-1]["sent"] += 1
         next_at += rng.expovariate(rate)
     t_drain = time.monotonic()
@@ -171,7 +212,7 @@ def open_loop(
     )
     traffic.drain_s = round(time.monotonic() - t_drain, 1)
     for req, fut in futures:
-        del req["prompt"]
+        req["prompt_len"] = len(req.pop("prompt"))
         traffic.sent.append(req)
         if not fut.done():
             req["problem"] = "pending"
@@ -183,6 +224,10 @@ def open_loop(
             continue
         req.update(problem=served(out, req["tokens"], req["rank"]), got=len(out.get("output_ids") or []),
                    s=round(out["_s"], 3))  # fmt: skip
+        if prefill is not None:
+            req["tokens_out"] = tokens_of(out)
+            if "_prefill_error" in out:
+                req["prefill_error"] = out["_prefill_error"]
     pool.shutdown(wait=False, cancel_futures=True)  # a stuck server's requests end when it is killed
     traffic.wall_s = round(time.monotonic() - t0, 1)
     return traffic

@@ -34,6 +34,12 @@ the plugin's ``dsa_decode_trim`` / ``dsa_idle_index`` wrappers where applied; th
 Knobs: ``SEEDLESS_TRIGGER_INIT_COMMS=1`` runs one 1-element all-reduce on the device group of every SGLang group of
 more than one rank at that same point on every rank, so that torch's NCCL communicators exist before the first
 request (the steady state of a server that ran an eager collective before; torch creates them lazily).
+``SEEDLESS_TRIGGER_PD=1`` (stage pd, a real KV transfer) records each PD arrival the decode commits (``arrival``:
+whether the metadata buffer held a seed on the wire, whether the committed request carries one, whether its hidden
+state row held any nonzero byte, whether the buffer's bootstrap room is the request's own) and, in every scheduler
+of either role, the metadata buffers' item lengths (``aux-<pid>.json``: a prefill whose lengths differ addresses the
+decode's slots with its own). ``SEEDLESS_TRIGGER_WEIGHTS=1`` records a digest of every target and draft weight
+(``weights``), so that a prefill and a decode are seen to hold the same dummy weights.
 ``SEEDLESS_TRIGGER_TIME_DRAFT=1`` records each draft step's GPU time (CUDA events) and host time by path
 (``draft-time``); ``SEEDLESS_TRIGGER_DX=1`` each eager metadata call of the draft-extend DSA backend, and whether
 it took the host-sync branch (``dx-meta``, #33973). ``SEEDLESS_TRIGGER_CPU_VOTE=1`` (CPU dry runs only) makes
@@ -69,6 +75,8 @@ def register() -> None:
 
     if os.environ.get("SEEDLESS_TRIGGER_OBSERVE_ONLY") != "1":
         _install_trigger()
+    if os.environ.get("SEEDLESS_TRIGGER_PD") == "1":
+        _observe_pd(records)
     init_draft = scheduler_mod.Scheduler.__dict__["maybe_init_draft_worker"]
     if getattr(init_draft, _MARK, False):
         return
@@ -77,6 +85,8 @@ def register() -> None:
     def maybe_init_draft_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = init_draft(self, *args, **kwargs)
         _observe(self, records)
+        if os.environ.get("SEEDLESS_TRIGGER_WEIGHTS") == "1":
+            _weights(self)
         return out
 
     setattr(maybe_init_draft_worker, _MARK, True)
@@ -142,6 +152,79 @@ def _observe(scheduler: Any, records: str) -> None:
         return forward_batch, can_run
 
     owner.prepare_for_draft = prepare_for_draft
+
+
+def _observe_pd(records: str) -> None:
+    """Stage pd: the metadata buffers' item lengths of this process, and each arrival the decode commits."""
+    from sglang.srt.disaggregation import decode as decode_mod
+    from sglang.srt.disaggregation import utils as pd_utils
+
+    init = pd_utils.MetadataBuffers.__init__
+
+    @functools.wraps(init)
+    def metadata_buffers_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        try:
+            _, lens, items = self.get_buf_infos()
+            with open(os.path.join(records, f"aux-{os.getpid()}.json"), "w") as f:
+                json.dump({"pid": os.getpid(), "role": os.environ.get("SEEDLESS_TRIGGER_ROLE"),
+                           "item_lens": list(items), "data_lens": list(lens),
+                           "hidden": list(self.output_hidden_states.shape),
+                           "hidden_dtype": str(self.output_hidden_states.dtype)}, f)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the observer never changes the run
+            with open(os.path.join(records, f"aux-{os.getpid()}.json"), "w") as f:
+                json.dump({"pid": os.getpid(), "error": repr(exc)}, f)
+
+    pd_utils.MetadataBuffers.__init__ = metadata_buffers_init
+    queue = decode_mod.DecodeTransferQueue
+    commit = queue._commit_transfer_to_req
+
+    @functools.wraps(commit)
+    def commit_transfer_to_req(self: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
+        wire: dict[str, Any] = {}
+        try:
+            idx, bufs = decode_req.metadata_buffer_index, self.metadata_buffers
+            seed_buf = getattr(bufs, "output_dsa_topk_indices", None)
+            wire = {"idx": int(idx), "wire_seed": None if seed_buf is None else bool((seed_buf[idx] >= 0).any()),
+                    "hidden_nonzero": int(bufs.output_hidden_states[idx].count_nonzero()),
+                    "room_in_buffer": int(bufs.bootstrap_room[idx, 0].item())}  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            wire = {"wire_error": repr(exc)}
+        out = commit(self, decode_req, *args, **kwargs)
+        if _state["out"] is not None:
+            req = decode_req.req
+            _write({"kind": "arrival", "rank": _state["rank"], "t": round(time.time(), 4), "rid": str(req.rid),
+                    "room": getattr(req, "bootstrap_room", None), "prompt_len": len(req.origin_input_ids or []),
+                    "committed_seed": getattr(req, "output_dsa_topk_indices", None) is not None, **wire})  # fmt: skip
+        return out
+
+    queue._commit_transfer_to_req = commit_transfer_to_req
+
+
+def _weights(scheduler: Any) -> None:
+    """A digest of every weight of the target and the draft model on this rank (dummy weights depend only on each
+    tensor's size and dtype, so a prefill and a decode of the same parallel layout should hold the same bytes)."""
+    import hashlib
+
+    import torch
+
+    try:
+        models = {"target": scheduler.tp_worker.model_runner.model}
+        dw = getattr(scheduler, "draft_worker", None)
+        inner = getattr(dw, "_draft_worker", None) or dw
+        runner = getattr(inner, "draft_runner", None) or getattr(inner, "model_runner", None)
+        if dw is not None and runner is not None:
+            models["draft"] = runner.model
+        for name, model in models.items():
+            whole, per = hashlib.sha256(), {}
+            for key, t in sorted(model.state_dict().items()):
+                raw = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+                whole.update(key.encode() + raw)
+                per[key] = hashlib.sha256(raw).hexdigest()[:10]
+            _write({"kind": "weights", "rank": _state["rank"], "model": name, "params": len(per),
+                    "digest": whole.hexdigest()[:16], "per_param": per})  # fmt: skip
+    except Exception as exc:  # noqa: BLE001
+        _write({"kind": "observer-error", "rank": _state["rank"], "error": f"weights: {exc!r}"})
 
 
 def _dump_on_request(records: str) -> None:
