@@ -53,5 +53,5 @@ def compare(ref: dict[str, dict[str, list[Any]]], cand: dict[str, dict[str, list
 
 
 def served_tokens(sent: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
-    """rid -> tokens, for every request of a leg that came back with exactly the tokens asked."""
-    return {r["rid"]: r["tokens_out"] for r in sent if not r.get("problem") and "tokens_out" in r}
+    """The plan's request name -> tokens, for every request of a leg that came back with exactly the tokens asked."""
+    return {r.get("n", r["rid"]): r["tokens_out"] for r in sent if not r.get("problem") and "tokens_out" in r}

@@ -215,7 +215,8 @@ def run_leg(cfg: str, arm: str, prefill: Server, decode: Server, records: str, r
     say(f"leg {tag}: until {target} decode batches per rank, or {LEG_S:.0f}s of traffic ({left():.0f}s left)")
     progress = Progress(decode, records, counter, target)
     end = time.monotonic() + min(LEG_S + 60, max(30.0, left() - 120))
-    traffic = open_loop(decode, plan(), progress, progress.stopped, min(LEG_S, max(20.0, left() - 150)), end, prefill)
+    bound = min(LEG_S, max(20.0, left() - 150))
+    traffic = open_loop(decode, plan(), progress, progress.stopped, bound, end, prefill, f"{cfg}{arm[0]}-")
     rec: dict[str, Any] = {"stopped_by": traffic.stopped_by, "wall_s": traffic.wall_s,
                            "drain_ended_by": traffic.drain_ended_by, "drain_s": traffic.drain_s}  # fmt: skip
     stuck = traffic.stopped_by == "stalled" or any(r.get("problem") == "pending" for r in traffic.sent)
@@ -265,10 +266,14 @@ def judge_all(result: dict[tuple[str, str], dict[str, Any]]) -> None:
 
 
 def write_leg(rec: dict[str, Any]) -> None:
+    """The leg's JSON, and its served tokens apart (``pd-tokens-...``: the judge can be run again from them)."""
     os.makedirs(OUT, exist_ok=True)
-    path = os.path.join(OUT, f"pd-{RELEASE}-{rec['prefill']}-{rec['arm']}.json")
-    with open(path, "w") as f:
+    name = f"{RELEASE}-{rec['prefill']}-{rec['arm']}.json"
+    with open(os.path.join(OUT, f"pd-{name}"), "w") as f:
         json.dump({k: v for k, v in rec.items() if not k.startswith("_")}, f, indent=1, default=str)
+    if "_tokens" in rec:
+        with open(os.path.join(OUT, f"pd-tokens-{name}"), "w") as f:
+            json.dump(rec["_tokens"], f)
 
 
 def stage_pd() -> None:

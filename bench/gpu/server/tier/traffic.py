@@ -174,12 +174,14 @@ def open_loop(
     max_s: float,
     end: float,
     prefill: Server | None = None,
+    rid_prefix: str = "",
 ) -> SoakTraffic:
     """Send the plan's arrivals until ``done()`` names a reason to stop, ``max_requests`` were sent or ``max_s``
     passed; then drain what is in flight until ``end`` (tier.traffic.drain; nothing after a stall: nothing more will
     come). Every response is checked for its exact tokens; a request still pending is a finding, kept as such. With
     ``prefill`` (stage pd) each request also goes to that prefill server, and each answer's tokens, logprobs and
-    top-two gaps are kept for the judge (``tokens``)."""
+    top-two gaps are kept for the judge (``tokens``); ``rid_prefix`` keeps a leg's request ids apart from an earlier
+    leg's on the same server (SGLang refuses an id still in flight), and ``n`` names the plan's request."""
     rng = random.Random(plan.seed)
     traffic = SoakTraffic()
     futures: list[tuple[dict[str, Any], Future[dict[str, Any]]]] = []
@@ -201,7 +203,7 @@ def open_loop(
             continue
         n += 1
         req = _request_of(rng, plan, n)
-        req.update(t_sent=time.time(), phase=phase)
+        req.update(t_sent=time.time(), phase=phase, n=req["rid"], rid=rid_prefix + req["rid"])
         futures.append((req, pool.submit(generate, s, req["rid"], req["rank"], req["tokens"], max(1.0, end - now),
                                          req["prompt"], prefill is not None, prefill)))  # fmt: skip
         traffic.phases[-1]["sent"] += 1
