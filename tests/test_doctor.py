@@ -56,7 +56,11 @@ def test_usage_error_exits_2():
     assert doctor("--bogus").returncode == 2
 
 
-@pytest.mark.parametrize("env", [{"SGLANG_DP_MTP_FIX": "off"}, {"SGLANG_PLUGINS": "someone_else"}])
+# "," and " " (what a template leaves): SGLang reads a non-empty value as a list, here an empty one, and loads nothing
+@pytest.mark.parametrize(
+    "env",
+    [{"SGLANG_DP_MTP_FIX": "off"}, {"SGLANG_PLUGINS": "other"}, {"SGLANG_PLUGINS": ","}, {"SGLANG_PLUGINS": " "}],
+)
 def test_affected_but_not_patched_exits_1(env):
     proc = doctor("--json", **env)
     assert proc.returncode == (1 if expected_status() == "applied" else 0), proc.stdout

@@ -51,11 +51,13 @@ def entry_point_selected(environ: Mapping[str, str] | None = None) -> tuple[bool
     if not installed:
         return False, f"entry point {ENTRY_POINT_NAME!r} is not installed in group {ENTRY_POINT_GROUP}"
     allowed = env.get("SGLANG_PLUGINS", "")
-    names = {x.strip() for x in allowed.split(",") if x.strip()}
-    if not names:
+    if not allowed:
         return True, "SGLANG_PLUGINS is unset or empty: SGLang loads every installed plugin"
+    names = {x.strip() for x in allowed.split(",") if x.strip()}
     if ENTRY_POINT_NAME in names:
         return True, f"SGLANG_PLUGINS selects {ENTRY_POINT_NAME}"
+    if not names:  # SGLang reads any non-empty value as a list: "," or " " is an empty one
+        return False, f"SGLANG_PLUGINS={allowed!r} names no plugin, so SGLang loads none (unset it, or name this one)"
     return False, f"SGLANG_PLUGINS={allowed!r} does not include {ENTRY_POINT_NAME}"
 
 

@@ -92,8 +92,11 @@ def pd_row(run: str, r: dict[str, Any]) -> str:
 
 
 def pd_table(folder: str) -> str:
-    paths = sorted(p for p in glob.glob(os.path.join(folder, "**", "pd-*.json"), recursive=True)
-                   if not os.path.basename(p).startswith("pd-tokens-"))
+    paths = sorted(
+        p
+        for p in glob.glob(os.path.join(folder, "**", "pd-*.json"), recursive=True)
+        if not os.path.basename(p).startswith("pd-tokens-")
+    )
     rows = [(os.path.relpath(os.path.dirname(p), folder), json.load(open(p))) for p in paths]
     head = ("| run | release | DP | GPU | transfer | prefill | decode | arrivals seeded / seedless | "
             "group-eager rounds | split rounds | decode batches per rank | verify graph on/off per rank | "
