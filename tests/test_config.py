@@ -109,6 +109,8 @@ def test_refused_report_dirs_name_the_variable(raw):
         ("SGLANG_DP_MTP_FIX_RECORDER", "SGLANG_DP_MTP_FIX_RECORDER_DIR"),
         ("SGLANG_DP_MTP_FIX_STALL", "SGLANG_DP_MTP_FIX_STALL_S"),
         ("SGLANG_DP_MTP_FIXES", MODE_ENV), ("SGLANG_DP_MTP_FIX_ZZZZZZZZZZZZZZZZZZZZZZZ", None),
+        # the kill switch misspelt by case or separators (an orchestrator's env, a .env file): named, not ignored
+        ("Sglang_Dp_Mtp_Fix", MODE_ENV), ("SGLANG-DP-MTP-FIX", MODE_ENV), ("sglang_dp_mtp_fix_skip", SKIP_ENV),
     ],
 )  # fmt: skip
 def test_unknown_variables_are_named_with_the_closest_known_name(name, closest):

@@ -224,12 +224,19 @@ def parse_metrics(raw: str | None) -> bool:
     )
 
 
+def _spelled_as_ours(name: str) -> str:
+    """A name as the plugin's variables are spelled: upper case, underscores (``Sglang-Dp-Mtp-Fix`` reads as
+    ``SGLANG_DP_MTP_FIX``), so that a kill switch misspelt by case or separators is named, not ignored."""
+    return name.upper().replace("-", "_")
+
+
 def unknown_variables(environ: Mapping[str, str]) -> tuple[tuple[str, str | None], ...]:
     """The variables named like the plugin's that it does not know, each with the closest configuration name."""
     known = set(CONFIG_NAMES) | set(OTHER_NAMES)
-    found = sorted(name for name in environ if name.startswith(MODE_ENV) and name not in known)
+    found = sorted(n for n in environ if _spelled_as_ours(n).startswith(MODE_ENV) and n not in known)
     return tuple(
-        (name, next(iter(difflib.get_close_matches(name, CONFIG_NAMES, n=1, cutoff=0.6)), None)) for name in found
+        (n, next(iter(difflib.get_close_matches(_spelled_as_ours(n), CONFIG_NAMES, n=1, cutoff=0.6)), None))
+        for n in found
     )
 
 
