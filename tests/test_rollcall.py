@@ -402,3 +402,52 @@ def test_a_live_rank_whose_file_lags_by_a_write_out_is_not_named_behind(tmp_path
     data = json.loads(out)
     assert code == 0 and "never_reached" not in data, data["answer"]
     assert "rank [1] entered round 5 without a record of it" in data["answer"], data["answer"]
+
+
+START_UNIX = 48  # HEADER's unix start (s), before START_MONO
+
+
+@release_free
+def test_a_rank_is_read_from_its_liveliest_file_not_the_one_that_started_last(tmp_path, capsys):
+    """Two files of DP rank 1 from one running process: a stale one that says it started later (a clock corrected,
+    or a copy), and the one whose heartbeat is newer and that holds every round. rollcall reads the second (the
+    running process, then the heartbeat, then the progress). Before: the later start won, and rank 1 "never reached"
+    round 8 (or a tie went to listing order)."""
+    now = time.time()
+    write_rank(tmp_path, 0, 2, [GRAPH] * 8)
+    write_out(tmp_path, 0, 1, now)
+    write_rank(tmp_path, 1, 2, [GRAPH] * 3)
+    (stale,) = [p for p in files(tmp_path) if "-dp1-" in p.name]
+    write_rank(tmp_path, 1, 2, [GRAPH] * 8)
+    (live,) = [p for p in files(tmp_path) if "-dp1-" in p.name and p != stale]
+    for path, wall, start in ((stale, now - 60, now + 30), (live, now, now - 30)):
+        (start_mono,) = struct.unpack_from("<q", path.read_bytes(), START_MONO)
+        patch(path, recfile.HEARTBEAT_OFFSET, "<QdqQ", 1, wall, start_mono + 10**9, 1)
+        patch(path, START_UNIX, "<d", start)
+    code, out = run_rollcall(capsys, str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["superseded"] == [str(stale)], data["answer"]
+    assert data["answer"].startswith("all 2 ranks agreed up to round 8"), data["answer"]
+
+
+@release_free
+def test_older_files_of_another_deployment_are_set_aside_with_a_note(tmp_path, capsys):
+    """Yesterday's files of a DP4 group beside today's DP2 group, whose processes are gone: today's group is judged
+    and the others are named in a note. Before: "files from different deployments", exit 2, until someone deleted
+    them. Two deployments whose processes both run stay refused (test_rollcall_exit_codes_text_and_json)."""
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2, [GRAPH] * 5)
+    for rank in range(4):
+        write_rank(tmp_path, rank, 4, [GRAPH] * 3)
+    now = time.time()
+    for path in files(tmp_path):
+        dp4 = struct.unpack_from("<i", path.read_bytes(), 28)[0] == 4  # the header's dp size
+        (start_mono,) = struct.unpack_from("<q", path.read_bytes(), START_MONO)
+        patch(path, recfile.HEARTBEAT_OFFSET, "<QdqQ", 1, now - (86400 if dp4 else 0), start_mono + 10**9, 1)
+        if dp4:  # a process that is gone: another PID's start time
+            patch(path, recfile.PROC_START_OFFSET, "<Q", 1)
+    code, out = run_rollcall(capsys, str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["size"] == 2, data["answer"]
+    assert data["notes"] == ["4 file(s) of another deployment (dp size, tp size not (2, 2)) ignored: the newest "
+                             "files are this one's"]  # fmt: skip

@@ -379,18 +379,10 @@ def rollcall(targets: Sequence[str], settle_s: float = SETTLE_S) -> tuple[dict[s
         data["verdict"] = "unreadable"
         data["answer"] = "no readable flight-recorder file" + (" (see refused)" if refused else "")
         return data, 2
-    # One file per scheduler: a restarted server leaves its earlier files; the newest one per rank is read.
-    newest: dict[int, RankFile] = {}
-    for f in sorted(files, key=lambda f: f.start_unix):
-        if f.tp_rank in newest:
-            data["superseded"].append(newest[f.tp_rank].path)
-        newest[f.tp_rank] = f
-    shapes = sorted({(f.dp_size, f.tp_size) for f in newest.values()})
-    if len(shapes) > 1:
-        data["verdict"] = "incompatible"
-        data["answer"] = "files from different deployments (dp size, tp size): " + ", ".join(map(str, shapes))
+    newest = _one_file_per_rank(files, data)
+    if newest is None:
         return data, 2
-    dp_size, tp_size = shapes[0]
+    dp_size, tp_size = next(iter(newest.values())).dp_size, next(iter(newest.values())).tp_size
     by_dp = tp_size == dp_size  # one scheduler per DP rank: name DP ranks; else the MLP-sync group's (tp) ranks
     ranks = sorted(newest.values(), key=lambda f: f.dp_rank if by_dp else f.tp_rank)
     labels = {f.path: f.dp_rank if by_dp else f.tp_rank for f in ranks}
@@ -407,6 +399,37 @@ def rollcall(targets: Sequence[str], settle_s: float = SETTLE_S) -> tuple[dict[s
     data["verdict"] = verdict
     data["answer"] = "; ".join(answers)
     return data, code
+
+
+_ALIVE = {"running": 2, "stopped": 2, "unknown": 1, "dead": 0}
+
+
+def _liveliest(f: RankFile) -> tuple[Any, ...]:
+    """How a file ranks among its rank's files (a restarted server, a copy or a move leaves others): the process
+    that runs (or is stopped) first, then the newer heartbeat, the further progress, the later start, the name."""
+    return _ALIVE[process_state(f)], f.heartbeat_wall, f.entered, f.start_unix, f.path
+
+
+def _one_file_per_rank(files: Sequence[RankFile], data: dict[str, Any]) -> dict[int, RankFile] | None:
+    """Each rank's liveliest file, of the deployment (dp size, tp size) whose file is liveliest; the others are
+    ``superseded``. None (``data`` says why) when two deployments' processes both run: files of two groups."""
+    best = max(files, key=_liveliest)
+    shape = (best.dp_size, best.tp_size)
+    others = [f for f in files if (f.dp_size, f.tp_size) != shape]
+    if others and _ALIVE[process_state(best)] == 2 and any(_ALIVE[process_state(f)] == 2 for f in others):
+        shapes = sorted({(f.dp_size, f.tp_size) for f in files})
+        data["verdict"] = "incompatible"
+        data["answer"] = "files from different deployments (dp size, tp size): " + ", ".join(map(str, shapes))
+        return None
+    if others:
+        data["notes"].append(f"{len(others)} file(s) of another deployment (dp size, tp size not {shape}) ignored: "
+                             "the newest files are this one's")  # fmt: skip
+    newest: dict[int, RankFile] = {}
+    for f in sorted((f for f in files if (f.dp_size, f.tp_size) == shape), key=_liveliest):
+        if f.tp_rank in newest:
+            data["superseded"].append(newest[f.tp_rank].path)
+        newest[f.tp_rank] = f
+    return newest
 
 
 def _rank_entry(f: RankFile, label: int) -> dict[str, Any]:
@@ -743,7 +766,7 @@ def rollcall_lines(data: dict[str, Any]) -> list[str]:
     for m in data["missing_ranks"]:
         lines.append(f"  {kind} rank {m}: NO FILE")
     for path in data["superseded"]:
-        lines.append(f"  ignored (an older file of the same rank): {path}")
+        lines.append(f"  ignored (the rank's other file is its live or newest one): {path}")
     for ref in data["refused"]:
         lines.append(f"  refused {ref['file']}: {ref['reason']}")
     for note in data["notes"]:
