@@ -451,3 +451,16 @@ def test_older_files_of_another_deployment_are_set_aside_with_a_note(tmp_path, c
     assert code == 0 and data["size"] == 2, data["answer"]
     assert data["notes"] == ["4 file(s) of another deployment (dp size, tp size not (2, 2)) ignored: the newest "
                              "files are this one's"]  # fmt: skip
+
+
+@release_free
+def test_a_split_between_two_ranks_is_found_where_a_third_ring_no_longer_reaches(tmp_path, capsys):
+    """Ranks 0 and 1 hold round 3, where they took different draft paths; rank 2's smaller ring holds only rounds
+    7-10. The split is named. Before: only rounds every ring held were compared, and "all 3 ranks agreed"."""
+    for rank in range(2):
+        write_rank(tmp_path, rank, 3, [GRAPH] * 2 + [EAGER if rank else GRAPH] + [GRAPH] * 7)
+    write_rank(tmp_path, 2, 3, [GRAPH] * 10, capacity=4)
+    code, out = run_rollcall(capsys, str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 1 and data["divergence"]["round"] == 3, data["answer"]
+    assert [g["ranks"] for g in data["divergence"]["groups"]] == [[0], [1]], data["divergence"]

@@ -455,9 +455,10 @@ def _rank_entry(f: RankFile, label: int) -> dict[str, Any]:
 
 
 def _first_divergence(ranks: Sequence[RankFile], labels: dict[str, int]) -> tuple[dict[str, Any] | None, list[int]]:
-    """The first round where ranks decided differently, over the rounds every ring still holds; a rank without a
-    record of a round it passed had no batch then (nothing to compare). Only rounds some file holds are visited."""
-    lo = max((min(f.records) for f in ranks if f.records), default=1)
+    """The first round where ranks decided differently, among the ranks whose rings still hold it (a smaller ring
+    must not hide two other ranks' split); a rank without a record of a round it passed had no batch then (nothing
+    to compare). Only rounds some file holds are visited."""
+    lo = min((min(f.records) for f in ranks if f.records), default=1)
     hi = max(f.last_round for f in ranks)
     for r in sorted({r for f in ranks for r in f.records if r >= lo}):
         keys: dict[tuple[Any, ...], list[tuple[RankFile, Record, bool]]] = {}
