@@ -110,6 +110,10 @@ def prefill_env(cfg: str) -> tuple[dict[str, str], str]:
     """A stock prefill (the plugin is a decode's), observed: its weights and its metadata buffers' layout."""
     env, records = observer_env(f"prefill-{cfg}", "prefill")
     env["SGLANG_PLUGINS"] = "launch_cpu_gaps,seedless_trigger" if CPU else "seedless_trigger"
+    # a DSA prefill runs prompts shorter than index_topk through dense MHA with sglang-kernel's FA3 (flash_ops), which
+    # the sm90 carry drops (342 MB); 0 sends every prompt through the sparse FlashMLA prefill the decode already has
+    # (the top-k then keeps every position of such a prompt). The first GPU try died at its first prompt without it.
+    env["SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD"] = "0"
     return env, records
 
 
