@@ -3,8 +3,9 @@
 Every rank of a DP group must run the same patches on the same code, or the group can split between the draft graph
 and eager later and hang. Once SGLang has created its distributed groups (the end of the first
 ``Scheduler.__init__``), each rank where the plugin applied patches publishes a small state (plugin version,
-per-patch statuses, the fingerprints of the code it patched) under ``sglang_dp_mtp_fix/patch_state/<rank>`` in
-torch.distributed's default store, waits for every rank's entry with a bounded timeout, and compares.
+per-patch statuses, the settings every rank must share, the fingerprints of the code it patched) under
+``sglang_dp_mtp_fix/patch_state/<rank>`` in torch.distributed's default store, waits for every rank's entry with a
+bounded timeout, and compares.
 
 Why the store and not a collective: a rank without the plugin (or with ``SGLANG_DP_MTP_FIX=off``, or where the plugin
 left SGLang stock) never takes part, so a collective would hang exactly the group it is meant to protect. A missing

@@ -5,8 +5,8 @@ a seedless prefill's DSA row all -1), ``DecodeTransferQueue._commit_transfer_to_
 when it applies), ``DecodeRequest``, ``Req``, ``ScheduleBatch`` and ``build_eagle_disagg_draft_input``.
 STAND-INs, each holding only what the real code reads: the transfer queue is the real class built without
 ``__init__`` (it needs a KV manager and a gloo group), its scheduler a ``SimpleNamespace`` (the model's DSA config,
-0.5.20+'s reasoning-token hook), the KV receiver (``clear`` only), the batch's model config, and the future map
-(``publish``/``stash``: its device buffers need a model's shapes).
+0.5.20+'s reasoning-token hook, the transfer backend up to 0.5.19), the KV receiver (``clear`` only), the batch's
+model config, and the future map (``publish``/``stash``: its device buffers need a model's shapes).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def transfer_queue(buffers: Any, index_topk: int, speculative: bool = True) -> A
     queue.scheduler = SimpleNamespace(
         model_config=SimpleNamespace(hf_config=dsa_hf_config(index_topk)),
         batch_result_processor=SimpleNamespace(_maybe_update_reasoning_tokens=lambda *args: None),
+        server_args=SimpleNamespace(disaggregation_transfer_backend="mooncake"),  # up to 0.5.19's fake-transfer test
     )
     return queue
 
