@@ -93,19 +93,8 @@ def test_what_it_leaves_alone(seeding):
     assert req.output_dsa_topk_indices is None and len(req.output_ids) == 0 and req.finished_reason is not None
 
 
-def _publish_server_args() -> None:
-    from sglang.srt.server_args import ServerArgs
-
-    from sglang_dp_mtp_fix.harness import rank as harness_rank
-    from sglang_dp_mtp_fix.harness.pool import DUMMY_MODEL
-
-    sa = ServerArgs(model_path=str(DUMMY_MODEL), device="cpu", skip_tokenizer_init=True, load_format="dummy")
-    harness_rank.publish_server_args(sa)  # build_eagle_disagg_draft_input reads the speculative settings (0.5.20+)
-
-
 @pytest.mark.parametrize("overlap", [True, False])
 def test_sglangs_own_pd_draft_input_sees_a_seeded_arrival(seeding, overlap):
-    _publish_server_args()
     stock = pd.pd_draft_input([pd.arrive(_queue(), 5)], TOPK, overlap)
     assert stock.dsa_topk_indices is None
     seeding("recent")

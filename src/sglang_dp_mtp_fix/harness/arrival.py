@@ -5,8 +5,10 @@ a seedless prefill's DSA row all -1), ``DecodeTransferQueue._commit_transfer_to_
 when it applies), ``DecodeRequest``, ``Req``, ``ScheduleBatch`` and ``build_eagle_disagg_draft_input``.
 STAND-INs, each holding only what the real code reads: the transfer queue is the real class built without
 ``__init__`` (it needs a KV manager and a gloo group), its scheduler a ``SimpleNamespace`` (the model's DSA config,
-0.5.20+'s reasoning-token hook, the transfer backend up to 0.5.19), the KV receiver (``clear`` only), the batch's
-model config, and the future map (``publish``/``stash``: its device buffers need a model's shapes).
+0.5.20+'s reasoning-token hook, the transfer backend up to 0.5.19, 0.5.23's KV checksums off), the KV receiver
+(``clear`` only), the batch's model config, the speculative settings the builder reads (an EAGLE decode with top-k
+1, no rejection sampling: ``server_args`` up to 0.5.19, ``get_spec()`` from 0.5.20, swapped in for the call only),
+and the future map (``publish``/``stash``: its device buffers need a model's shapes).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def transfer_queue(buffers: Any, index_topk: int, speculative: bool = True) -> A
         model_config=SimpleNamespace(hf_config=dsa_hf_config(index_topk)),
         batch_result_processor=SimpleNamespace(_maybe_update_reasoning_tokens=lambda *args: None),
         server_args=SimpleNamespace(disaggregation_transfer_backend="mooncake"),  # up to 0.5.19's fake-transfer test
+        kv_checksum_computer=None,  # 0.5.23: no KV checksums
     )
     return queue
 
@@ -99,8 +102,17 @@ def pd_draft_input(reqs: list[Any], index_topk: int, overlap: bool) -> Any:
     )
     future_map = SimpleNamespace(publish=lambda *args: None, stash=lambda *args: None)
     last_tokens = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64)
+    spec = SimpleNamespace(
+        speculative_eagle_topk=1, enable_multi_layer_eagle=False, speculative_num_steps=3,
+        speculative_use_rejection_sampling=False,
+    )  # fmt: skip
     build = eagle_disaggregation.build_eagle_disagg_draft_input
     kwargs: dict[str, Any] = {"last_tokens_tensor": last_tokens, "future_map": future_map}
     if "server_args" in parameters("build_eagle_disagg_draft_input", build):  # up to 0.5.19
-        kwargs["server_args"] = SimpleNamespace(speculative_eagle_topk=1, enable_multi_layer_eagle=False)
-    return build(batch, **kwargs)
+        return build(batch, server_args=spec, **kwargs)
+    published = eagle_disaggregation.get_spec  # 0.5.20+: the process's published speculative settings
+    eagle_disaggregation.get_spec = lambda: spec
+    try:
+        return build(batch, **kwargs)
+    finally:
+        eagle_disaggregation.get_spec = published
