@@ -78,6 +78,8 @@ def expected_statuses(dsa_imported: bool = True, model_runner_imported: bool | N
     per_patch["draft_local_rows"] = "applied" if SGLANG_VERSION in LOCAL_ROWS_AFFECTED else "not-affected"
     # The watch on SGLang's own draft vote: where the vote group is superseded; the plugin's vote carries it elsewhere.
     per_patch["upstream_vote_watch"] = "applied" if SGLANG_VERSION in SUPERSEDED else "not-affected"
+    # An opt-in setting whose default is off (SGLANG_DP_MTP_FIX_ARRIVAL_SEED): disabled wherever it is not set.
+    per_patch["arrival_seed"] = "disabled"
     if not dsa_imported and group == "applied":
         per_patch.update({pid: "not-loaded" for pid in DEFERRED})
     runner_imported = dsa_imported if model_runner_imported is None else model_runner_imported

@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 
 from sglang_dp_mtp_fix.config import (
+    ARRIVAL_SEED_ENV,
     MODE_ENV,
     PEER_TIMEOUT_ENV,
     REPORT_DIR_ENV,
     SKIP_ENV,
+    ArrivalSeed,
     ConfigError,
     Mode,
     load_config,
+    parse_arrival_seed,
     parse_mode,
     parse_peer_timeout,
     parse_report_dir,
@@ -120,3 +123,30 @@ def test_unknown_variables_are_named_with_the_closest_known_name(name, closest):
     assert cfg.error is None and cfg.unknown == ((name, closest),) and cfg.mode is Mode.AUTO
     strict = load_config(IDS, {**env, MODE_ENV: "strict"})
     assert strict.error and name in strict.error and "unknown variable" in strict.error
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        (None, ArrivalSeed.OFF), ("", ArrivalSeed.OFF), ("off", ArrivalSeed.OFF), ("0", ArrivalSeed.OFF),
+        ("False", ArrivalSeed.OFF), (" exact ", ArrivalSeed.EXACT), ("EXACT", ArrivalSeed.EXACT),
+        ("recent", ArrivalSeed.RECENT),
+    ],
+)  # fmt: skip
+def test_arrival_seed_values(raw, want):
+    assert parse_arrival_seed(raw) is want
+    env = {} if raw is None else {ARRIVAL_SEED_ENV: raw}
+    config = load_config(IDS, env)
+    assert config.error is None and config.arrival_seed is want
+
+
+@pytest.mark.parametrize("raw", ["on", "1", "true", "exact,recent", "recency", "ｅｘａｃｔ", "x" * 5000])
+def test_a_bad_arrival_seed_is_a_configuration_error_never_a_silent_off(raw):
+    with pytest.raises(ConfigError) as exc:
+        parse_arrival_seed(raw)
+    message = str(exc.value)
+    assert ARRIVAL_SEED_ENV in message
+    if len(raw) < 100 and raw.isascii():
+        assert "off" in message and "exact" in message and "recent" in message
+    config = load_config(IDS, {ARRIVAL_SEED_ENV: raw})
+    assert config.error is not None and ARRIVAL_SEED_ENV in config.error  # the plugin then stays stock (or stops)

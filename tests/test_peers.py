@@ -142,6 +142,16 @@ def test_a_rank_with_a_skip_list_is_named(ranks):
 
 
 @affected_only
+def test_a_rank_with_another_arrival_seed_setting_is_named(ranks):
+    """The setting is compared by value (``settings`` in the published state), beside arrival_seed's status."""
+    results = ranks({r: {"SGLANG_DP_MTP_FIX_ARRIVAL_SEED": "exact" if r == 1 else "recent"} for r in range(WORLD)})
+    assert [r["statuses"]["arrival_seed"] for r in results] == ["applied"] * WORLD, results
+    for r in range(WORLD):
+        error = results[r]["error"] or ""
+        assert "ranks [1] differ from ranks [0, 2]: setting SGLANG_DP_MTP_FIX_ARRIVAL_SEED: recent vs exact" in error
+
+
+@affected_only
 def test_a_rank_with_another_build_of_the_same_release_stops_every_rank_naming_both(ranks):
     # Another commit since the same release: its build's version, worked out by the build backend from git (as a
     # node installed from that commit would carry it); the other ranks run this checkout's own build.
@@ -172,6 +182,15 @@ def _state(version: str = "1", status: str = "applied", fingerprint: str = "abc"
     state = peers.local_state(outcomes, {"mod:f": fingerprint})
     state["plugin_version"] = version
     return state
+
+
+def test_compare_names_a_setting_that_differs():
+    def state(mode: str) -> dict[str, Any]:
+        return peers.local_state([Outcome("p1", Status.APPLIED, "")], {}, {"SGLANG_DP_MTP_FIX_ARRIVAL_SEED": mode})
+
+    assert peers.compare({0: state("off"), 1: state("off")}, 5) is None
+    message = peers.compare({0: state("off"), 1: state("off"), 2: state("exact")}, 5)
+    assert "ranks [2] differ from ranks [0, 1]: setting SGLANG_DP_MTP_FIX_ARRIVAL_SEED: off vs exact" in message
 
 
 def test_compare_names_statuses_fingerprints_and_missing_ranks():

@@ -9,6 +9,9 @@
                             patched scheduler (``recorder``; unset: nothing recorded, the vote path carries no code)
 ``SGLANG_DP_MTP_FIX_METRICS`` auto (default: vote counters on SGLang's /metrics when it runs with --enable-metrics)
                             | off (SGLang's false spellings accepted)
+``SGLANG_DP_MTP_FIX_ARRIVAL_SEED`` off (default; SGLang's false spellings accepted) | exact | recent: a seedless PD
+                            arrival gets a DSA top-k seed (``arrival_seed``): ``exact`` where the prompt fits
+                            ``index_topk`` (the true seed), ``recent`` that and the most recent positions beyond
 
 A bad value is never guessed at: it raises :class:`ConfigError` naming the variable and the accepted values, and the
 plugin leaves SGLang stock (``auto``) or stops the process (``strict``). A variable named like these that the plugin
@@ -34,6 +37,7 @@ REPORT_DIR_ENV = "SGLANG_DP_MTP_FIX_REPORT_DIR"
 METRICS_ENV = "SGLANG_DP_MTP_FIX_METRICS"
 RECORDER_DIR_ENV = "SGLANG_DP_MTP_FIX_RECORDER_DIR"
 STALL_ENV = "SGLANG_DP_MTP_FIX_STALL_S"
+ARRIVAL_SEED_ENV = "SGLANG_DP_MTP_FIX_ARRIVAL_SEED"
 # Below SGLang's own watchdog (--watchdog-timeout, 300 s by default), above any sane forward of one batch
 DEFAULT_STALL_S = 60.0
 MAX_STALL_S = 86400.0
@@ -54,6 +58,7 @@ CONFIG_NAMES = (
     RECORDER_DIR_ENV,
     STALL_ENV,
     METRICS_ENV,
+    ARRIVAL_SEED_ENV,
 )
 # ... and the other names of the prefix: the CPU harness (simulate, tests) and the development scripts (tools/). Any
 # other name that starts with the prefix is a misspelling: named, with the closest known name, never silently ignored.
@@ -66,6 +71,14 @@ OTHER_NAMES = (
 # SGLang's own boolean parsing (sglang.srt.utils.get_bool_env_var / envs) treats these as false.
 _FALSE_SPELLINGS = frozenset({"off", "0", "false", "no", "n", "f", "disable", "disabled"})
 _MAX_VALUE_LEN = 4096
+
+
+class ArrivalSeed(str, enum.Enum):
+    """What a seedless PD arrival gets (``arrival_seed``)."""
+
+    OFF = "off"  # nothing: the request stays seedless, its draft step eager (the draft vote keeps the group together)
+    EXACT = "exact"  # the true seed where the prompt fits index_topk; longer prompts stay seedless
+    RECENT = "recent"  # EXACT, and the most recent index_topk positions as a stand-in for longer prompts
 
 
 class Mode(str, enum.Enum):
@@ -103,6 +116,7 @@ class Config:
     export_metrics: bool = False
     recorder_dir: str | None = None  # None: no flight recorder (decided at load, like the counters)
     stall_s: float | None = DEFAULT_STALL_S  # None: no stall line (SGLANG_DP_MTP_FIX_STALL_S=off)
+    arrival_seed: ArrivalSeed = ArrivalSeed.OFF  # what a seedless PD arrival gets (arrival_seed); ranks must agree
     # (name, closest known name or None) of each SGLANG_DP_MTP_FIX* variable the plugin does not know: one WARNING at
     # load (auto: the rest applies as read), a configuration error in strict
     unknown: tuple[tuple[str, str | None], ...] = ()
@@ -224,6 +238,24 @@ def parse_metrics(raw: str | None) -> bool:
     )
 
 
+def parse_arrival_seed(raw: str | None) -> ArrivalSeed:
+    value = "" if raw is None else _clean(ARRIVAL_SEED_ENV, raw).lower()
+    if value == "" or value in _FALSE_SPELLINGS:
+        return ArrivalSeed.OFF
+    if value in (ArrivalSeed.EXACT.value, ArrivalSeed.RECENT.value):
+        return ArrivalSeed(value)
+    raise ConfigError(
+        f"{ARRIVAL_SEED_ENV}={raw!r} is not understood; accepted values: off (default, or empty, or one of SGLang's "
+        f"false spellings: {', '.join(sorted(_FALSE_SPELLINGS - {'off'}))}), exact (the true seed where the prompt "
+        "fits index_topk), recent (exact, and the most recent index_topk positions beyond)"
+    )
+
+
+def settings(config: Config) -> dict[str, str]:
+    """The settings every rank of a group must share, by variable (the report line and the cross-rank check)."""
+    return {ARRIVAL_SEED_ENV: config.arrival_seed.value}
+
+
 def _spelled_as_ours(name: str) -> str:
     """A name as the plugin's variables are spelled: upper case, underscores (``Sglang-Dp-Mtp-Fix`` reads as
     ``SGLANG_DP_MTP_FIX``), so that a kill switch misspelt by case or separators is named, not ignored."""
@@ -271,6 +303,7 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
         export_metrics = parse_metrics(env.get(METRICS_ENV)) and bool(env.get(PROMETHEUS_DIR_ENV))
         recorder_dir = parse_report_dir(env.get(RECORDER_DIR_ENV), RECORDER_DIR_ENV)
         stall_s = parse_stall(env.get(STALL_ENV))
+        arrival_seed = parse_arrival_seed(env.get(ARRIVAL_SEED_ENV))
     except ConfigError as exc:
         return Config(mode=mode, error=str(exc), unknown=unknown)
     return Config(
@@ -283,4 +316,5 @@ def load_config(known_ids: Iterable[str], environ: Mapping[str, str] | None = No
         export_metrics=export_metrics,
         recorder_dir=recorder_dir,
         stall_s=stall_s,
+        arrival_seed=arrival_seed,
     )

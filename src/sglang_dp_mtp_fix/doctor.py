@@ -23,6 +23,7 @@ from typing import Any
 
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.config import (
+    ARRIVAL_SEED_ENV,
     CONFIG_NAMES,
     METRICS_ENV,
     MODE_ENV,
@@ -32,6 +33,7 @@ from sglang_dp_mtp_fix.config import (
     SKIP_ENV,
     STALL_ENV,
     STATS_ENV,
+    ArrivalSeed,
     Config,
     ConfigError,
     Mode,
@@ -75,7 +77,15 @@ def meanings(config: Config, env: Mapping[str, str]) -> dict[str, str]:
         RECORDER_DIR_ENV: config.recorder_dir or "no flight recorder",
         STALL_ENV: f"stall line after {config.stall_s:g} s" if config.stall_s else "off: no stall line",
         METRICS_ENV: "on when SGLang runs with --enable-metrics" if metrics_on else "off",
+        ARRIVAL_SEED_ENV: ARRIVAL_SEED_MEANINGS[config.arrival_seed],
     }
+
+
+ARRIVAL_SEED_MEANINGS = {
+    ArrivalSeed.OFF: "off: seedless PD arrivals stay seedless (their draft step eager, the group with them)",
+    ArrivalSeed.EXACT: "seedless PD arrivals whose prompt fits index_topk get their exact DSA seed",
+    ArrivalSeed.RECENT: "seedless PD arrivals get their exact DSA seed, or the most recent index_topk positions",
+}
 
 
 @dataclass(frozen=True)
@@ -168,6 +178,7 @@ def doctor_report(environ: Mapping[str, str] | None = None) -> tuple[dict[str, A
         "recorder_dir": config.recorder_dir,
         "stall_s": config.stall_s,
         "stats_every": config.stats_every,
+        "arrival_seed": config.arrival_seed.value,
         "variables": [{"name": n, "value": env.get(n), "meaning": meaning.get(n)} for n in CONFIG_NAMES],
         "unknown_variables": [{"name": n, "value": env.get(n), "closest": c} for n, c in config.unknown],
         "directories": [d.__dict__ for d in directories],
@@ -192,9 +203,16 @@ def doctor_report(environ: Mapping[str, str] | None = None) -> tuple[dict[str, A
         statuses <= {Status.APPLIED, Status.SUPERSEDED, Status.NOT_AFFECTED}, Status.APPLIED in statuses, selected,
     )  # fmt: skip
     code, data["verdict"] = decide(facts)
-    watching = [o.id for o in outcomes if o.id not in fixing and o.status is Status.APPLIED]
+    settings = {p.id: p.setting for p in all_patches() if p.setting}
+    applied = [o.id for o in outcomes if o.id not in fixing and o.status is Status.APPLIED]
+    watching = [pid for pid in applied if pid not in settings]
     if code == 0 and watching and selected:
         data["verdict"] += f"; the hang diagnosis ({', '.join(watching)}) will be applied when SGLang loads plugins"
+    opted = [
+        f"{pid} ({settings[pid]}={env.get(settings[pid], '').strip().lower()})" for pid in applied if pid in settings
+    ]
+    if code == 0 and opted and selected:
+        data["verdict"] += f"; {', '.join(opted)} will be applied when SGLang loads plugins"
     return data, code
 
 

@@ -3,8 +3,9 @@
 Every rank of a DP group must run the same patches on the same code, or the group can split between the draft graph
 and eager later and hang. Once SGLang has created its distributed groups (the end of the first
 ``Scheduler.__init__``), each rank where the plugin applied patches publishes a small state (plugin version,
-per-patch statuses, the fingerprints of the code it patched) under ``sglang_dp_mtp_fix/patch_state/<rank>`` in
-torch.distributed's default store, waits for every rank's entry with a bounded timeout, and compares.
+per-patch statuses, the settings every rank must share, the fingerprints of the code it patched) under
+``sglang_dp_mtp_fix/patch_state/<rank>`` in torch.distributed's default store, waits for every rank's entry with a
+bounded timeout, and compares.
 
 Why the store and not a collective: a rank without the plugin (or with ``SGLANG_DP_MTP_FIX=off``, or where the plugin
 left SGLang stock) never takes part, so a collective would hang exactly the group it is meant to protect. A missing
@@ -32,18 +33,25 @@ MISSING_HINT = (
 )
 
 
-def local_state(outcomes: Sequence[Outcome], fingerprints: Mapping[str, str]) -> dict[str, Any]:
+def local_state(
+    outcomes: Sequence[Outcome], fingerprints: Mapping[str, str], settings: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """``settings``: the configuration every rank must share (``config.settings``: what a seedless arrival gets)."""
     # Read the version at call time (not at import) so a rank's state is always what this process runs.
-    return {
+    state: dict[str, Any] = {
         "plugin_version": _version.__version__,
         "patches": {o.id: o.status.value for o in outcomes},
         "fingerprints": dict(sorted(fingerprints.items())),
     }
+    if settings:
+        state["settings"] = dict(sorted(settings.items()))
+    return state
 
 
 def _flatten(state: Mapping[str, Any]) -> dict[str, str]:
     flat = {"plugin version": str(state.get("plugin_version"))}
     flat.update({str(pid): str(status) for pid, status in state.get("patches", {}).items()})
+    flat.update({f"setting {name}": str(value) for name, value in state.get("settings", {}).items()})
     flat.update({f"fingerprint of {name}": str(fp) for name, fp in state.get("fingerprints", {}).items()})
     return flat
 
@@ -95,7 +103,12 @@ def _default_store() -> tuple[Any, int, int] | None:
     return _get_default_store(), dist.get_rank(), dist.get_world_size()
 
 
-def check(outcomes: Sequence[Outcome], fingerprints: Mapping[str, str], timeout_s: float) -> tuple[int, int] | None:
+def check(
+    outcomes: Sequence[Outcome],
+    fingerprints: Mapping[str, str],
+    timeout_s: float,
+    settings: Mapping[str, str] | None = None,
+) -> tuple[int, int] | None:
     """Publish this rank's state, wait for every rank's (bounded), compare. Returns (rank, world) when every rank
     agrees, None without a store (single process: nothing to compare). Raises PeerStateMismatch on a difference,
     PeerCheckError when the store itself fails (the caller decides by mode)."""
@@ -108,7 +121,7 @@ def check(outcomes: Sequence[Outcome], fingerprints: Mapping[str, str], timeout_
     store, rank, world = found
     keys = [f"{KEY_PREFIX}{r}" for r in range(world)]
     try:
-        store.set(keys[rank], json.dumps(local_state(outcomes, fingerprints), sort_keys=True))
+        store.set(keys[rank], json.dumps(local_state(outcomes, fingerprints, settings), sort_keys=True))
         try:
             store.wait(keys, datetime.timedelta(seconds=timeout_s))
             present = set(range(world))

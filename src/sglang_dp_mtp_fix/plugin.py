@@ -19,7 +19,7 @@ import threading
 from typing import Any
 
 from sglang_dp_mtp_fix import _version, metrics, monitor, peers, recorder, report, stats, transport
-from sglang_dp_mtp_fix.config import Config, load_config, unknown_line
+from sglang_dp_mtp_fix.config import Config, load_config, settings, unknown_line
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, groups
 from sglang_dp_mtp_fix.errors import StartupHazard as StartupHazard  # re-exported: its old home
 from sglang_dp_mtp_fix.errors import StrictModeAbort as StrictModeAbort
@@ -172,7 +172,7 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
     exception out of ``Scheduler.__init__`` brings SGLang's launch down with the message); a store that fails is one
     warning in ``auto`` and an error in ``strict``."""
     try:
-        agreed = peers.check(outcomes, manager.peer_fingerprints(), config.peer_timeout_s)
+        agreed = peers.check(outcomes, manager.peer_fingerprints(), config.peer_timeout_s, settings(config))
     except peers.PeerStateMismatch:
         raise
     except peers.PeerCheckError as exc:

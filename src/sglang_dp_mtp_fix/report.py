@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sglang_dp_mtp_fix._version import __version__
-from sglang_dp_mtp_fix.config import MODE_ENV, REPORT_DIR_ENV, Config, Mode
+from sglang_dp_mtp_fix.config import MODE_ENV, REPORT_DIR_ENV, Config, Mode, settings
 from sglang_dp_mtp_fix.core import Outcome, Status
 from sglang_dp_mtp_fix.errors import ReportFileError as ReportFileError  # re-exported: its old home
 from sglang_dp_mtp_fix.versions import sglang_version as sglang_version  # re-exported: its old home
@@ -42,7 +42,11 @@ logger = logging.getLogger("sglang_dp_mtp_fix")
 def summary_line(outcomes: Sequence[Outcome], config: Config) -> str:
     parts = ", ".join(f"{o.id}={o.status.value}" for o in outcomes)
     verdict = f"{MODE_ENV}=off here, SGLang left fully stock: " if config.mode is Mode.OFF and not config.error else ""
-    return f"sglang-dp-mtp-fix {__version__} on SGLang {sglang_version()} (mode={config.mode.value}): {verdict}{parts}"
+    chosen = "".join(f"{name}={value}: " for name, value in settings(config).items())  # the ranks must agree on them
+    return (
+        f"sglang-dp-mtp-fix {__version__} on SGLang {sglang_version()} (mode={config.mode.value}): "
+        f"{verdict}{chosen}{parts}"
+    )
 
 
 def problem_line(outcomes: Sequence[Outcome], config: Config) -> str | None:
@@ -156,6 +160,7 @@ def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object
             "peer_timeout_s": config.peer_timeout_s,
             "report_dir": config.report_dir,
             "recorder_dir": config.recorder_dir,
+            "arrival_seed": config.arrival_seed.value,
             "unknown_variables": [name for name, _ in config.unknown],
             "error": config.error,
         },

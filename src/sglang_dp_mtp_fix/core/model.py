@@ -101,8 +101,17 @@ class Patch:
     deferred_until_import: str | None = None  # a module name: checked and applied when it is imported (core doc)
     # The releases its targets were written for: a target's fingerprint must have been seen in one of them.
     written_for: tuple[str, ...] = AFFECTED_RELEASES
-    # False: it changes no decision of SGLang's (a diagnostic); ``doctor``'s verdict is about the patches that fix.
+    # False: it does not fix the hang (a diagnostic, or an opt-in setting); ``doctor``'s verdict is about the patches
+    # that fix.
     fixes: bool = True
+    # The variable that switches an opt-in patch on (``switched_off`` reads it); None for every other patch.
+    setting: str | None = None
+
+    def switched_off(self, config: Config) -> str | None:
+        """Why the configuration leaves this patch off (it is then ``disabled`` with that reason), or None. For a
+        patch the operator opts into (a setting whose default is off); checked after the kill switch and the skip
+        list, before ``classify``."""
+        return None
 
     def classify(self) -> None:
         """Raise ``StandDown`` when the installed SGLang already has the fix or is not affected.

@@ -83,6 +83,8 @@ def plan(patches: Sequence[Patch], config: Config) -> Plan:
             outcomes[p.id] = Outcome(p.id, Status.DISABLED, cfg.kill_switch_reason())
         elif p.id in skipped:
             outcomes[p.id] = Outcome(p.id, Status.DISABLED, skipped[p.id])
+        elif (off := p.switched_off(config)) is not None:
+            outcomes[p.id] = Outcome(p.id, Status.DISABLED, off)
         elif (stood_down := _classify(p)) is not None:
             outcomes[p.id] = stood_down
         elif p.deferred_until_import:

@@ -84,13 +84,30 @@ def real_forward_batch(batch: Any, spec_algo: Any) -> Any:
     return init(batch, runner, **kwargs)
 
 
+def arrival_draft_input(reqs: list[Any], arrival: dict[str, Any], overlap: bool) -> Any:
+    """The draft input of one PD arrival per request of ``reqs`` (same ids) from a seedless prefill, through SGLang's
+    own commit and PD draft-input builder (``harness/arrival.py``)."""
+    from sglang_dp_mtp_fix.harness import arrival as pd
+
+    index_topk = int(arrival["index_topk"])
+    queue = pd.transfer_queue(pd.metadata_buffers(index_topk, size=max(len(reqs), 1)), index_topk)
+    arrived = [pd.arrive(queue, int(arrival["prompt_len"]), slot=i, rid=r.rid) for i, r in enumerate(reqs)]
+    spec = pd.pd_draft_input(arrived, index_topk, overlap)
+    if hasattr(spec, "num_tokens_per_req"):  # as draft_input_standin: what the EAGLE worker sets (topk = 1)
+        spec.num_tokens_per_req = spec.num_tokens_for_logprob_per_req = 1
+    return spec
+
+
 def run_round(state: dict[str, Any]) -> RoundResult:
     """One PD-decode scheduling round on this rank. ``state`` describes the rank's local situation:
 
     kind: "none" (no running batch) | "idle" (idle batch) | "decode"
     seed: bool (DSA top-k seed present), overlap: bool, future_flag: bool | None,
     merge_seedless_prebuilt: bool (a seeded running batch absorbs a seedless prebuilt batch, overlap-style),
-    seed_from_draft_extend: bool, has_draft_worker: bool, num_reqs: int
+    seed_from_draft_extend: bool, has_draft_worker: bool, num_reqs: int,
+    arrival: {"prompt_len": L, "index_topk": K} (the running batch is a PD arrival from a seedless prefill,
+    committed by SGLang's ``_commit_transfer_to_req`` and built by its ``build_eagle_disagg_draft_input``:
+    ``harness/arrival.py``; ``overlap`` as above, ``seed`` and ``future_flag`` are then SGLang's own)
     """
     import torch  # noqa: F401
     from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
@@ -115,9 +132,12 @@ def run_round(state: dict[str, Any]) -> RoundResult:
     if kind == "decode":
         reqs = [Req(f"r{rank}-{i}", "", array("i", [1, 2, 3, 4]), SamplingParams(max_new_tokens=8)) for i in range(n)]
         running = ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.DECODE, spec_algorithm=spec_algo)
-        spec = draft_input_standin(
-            bool(state.get("seed", True)), bool(state.get("overlap", False)), state.get("future_flag"), n
-        )
+        if state.get("arrival"):
+            spec = arrival_draft_input(reqs, dict(state["arrival"]), bool(state.get("overlap", False)))
+        else:
+            spec = draft_input_standin(
+                bool(state.get("seed", True)), bool(state.get("overlap", False)), state.get("future_flag"), n
+            )
         if state.get("merge_seedless_prebuilt"):
             spec.merge_batch(draft_input_standin(False, True, False, 1))  # real EagleDraftInput.merge_batch
         running.spec_info = spec

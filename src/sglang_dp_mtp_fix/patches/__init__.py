@@ -14,11 +14,13 @@ says what each patch does.
 | dsa_trtllm_trim       | (own)         | #32209 bullet 9: TRT-LLM DSA decode trimmed to the planned batch  |
 | dsa_decode_trim       | (own)         | bullet 9 for every other DSA decode backend (not in #32209)       |
 | upstream_vote_watch   | (own)         | 0.5.21+: the stall line and recorder on SGLang's own draft vote   |
+| arrival_seed          | (own)         | a setting (default off): seedless PD arrivals get a DSA seed      |
 """
 
 from __future__ import annotations
 
 from sglang_dp_mtp_fix.core import Patch
+from sglang_dp_mtp_fix.patches.arrival_seed import ArrivalSeedPatch
 from sglang_dp_mtp_fix.patches.draft_graph_vote import DraftGraphVote
 from sglang_dp_mtp_fix.patches.draft_local_rows import DraftLocalRows
 from sglang_dp_mtp_fix.patches.draft_token_counts import DraftTokenCounts
@@ -41,6 +43,7 @@ def all_patches() -> list[Patch]:
         DsaTrtllmTrim(),
         DsaDecodeTrim(),
         UpstreamVoteWatch(),
+        ArrivalSeedPatch(),
     ]
 
 
