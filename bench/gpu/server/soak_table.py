@@ -78,7 +78,7 @@ def pd_row(run: str, r: dict[str, Any]) -> str:
     prefill = f"{r['prefill']}: {'MTP' if r['prefill_spec'] else 'no spec'}"
     head = f"| {run} | {r['release']} | {r['nodes']} | {gpu_cell(r)} | {r['transfer']} | {prefill} | {r['arm']} |"
     if r.get("not_ready") or r.get("not_run"):
-        return f"{head} not run: {r.get('not_run') or 'not ready'} |||||||||||"
+        return f"{head} not run: {r.get('not_run') or 'not ready'} ||||||||||||"
     graph = ranks({k: f"{v['on']}/{v['off']}" for k, v in r["verify_graph"].items()})
     ms = r.get("round_ms") or {}
     rt = " / ".join(f"{(ms.get(p) or {}).get('median', '-')}" for p in ("graph", "eager"))
@@ -87,7 +87,9 @@ def pd_row(run: str, r: dict[str, Any]) -> str:
     ref = judge.get("reference") or "-"
     return (f"{head} {r['arrivals_seeded']} / {r['arrivals_seedless']} | {share} | {r['split_rounds']} | "
             f"{ranks(r['decode_batches'])} | {graph} | {rt} | {(r.get('accept_len') or {}).get('mean', '-')} | "
-            f"{r['served']} / {r['asked']} | {ref} | {judged(judge.get('soak'))} | {judged(judge.get('alone'))} | "
+            f"{r['served']} / {r['asked']} | {ref} | {r.get('tokens_compared', '-')} of {r.get('tokens_served', '-')}"
+            " | "
+            f"{judged(judge.get('soak'))} | {judged(judge.get('alone'))} | "
             f"{r.get('arrivals_written_elsewhere', '-')} | {r['stopped_by']}{drained(r)} |")  # fmt: skip
 
 
@@ -101,8 +103,8 @@ def pd_table(folder: str) -> str:
     head = ("| run | release | DP | GPU | transfer | prefill | decode | arrivals seeded / seedless | "
             "group-eager rounds | split rounds | decode batches per rank | verify graph on/off per rank | "
             "ms per round graph / eager (median) | accepted length (mean per batch) | served / asked | "
-            "judged against | soak tokens identical / compared | one-at-a-time tokens identical / compared | "
-            "arrivals written outside their slot | ended by |\n|" + "---|" * 20)  # fmt: skip
+            "judged against | served tokens judged | soak tokens identical / compared | one-at-a-time tokens "
+            "identical / compared | arrivals written outside their slot | ended by |\n|" + "---|" * 21)  # fmt: skip
     return "\n".join([head, *(pd_row(run, r) for run, r in rows)])
 
 

@@ -305,7 +305,7 @@ def stage_pd() -> None:
                                "prefill_flags": p.flags, **provenance()}  # fmt: skip
         if d.ready_s is None or p.ready_s is None:
             rec["not_ready"] = True
-        elif left() < 100:
+        elif left() < 60:  # a leg's traffic, drain and evidence (100 s skipped 0.5.17's legs at 85 s left)
             rec["not_run"] = f"{left():.0f}s of budget left"
         else:
             rec.update(run_leg(cfg, arm, p, d, dec_envs[arm][1], dec_envs[arm][2]))
