@@ -6,11 +6,13 @@ Two prefill configurations (the seed's deployment is (b)):
   a  the prefill runs the decode's EAGLE/MTP flags: it computes each request's DSA seed and ships it in the PD
      metadata, so an arrival replays the draft graph;
   b  the prefill runs no speculative flags: every arrival is seedless, as with the fake backend.
-Legs (PD_LEGS, default "b:patched a:stock a:patched b:stock"): prefill:decode arm, on one patched and one stock DP
-decode server, both prefills up beside them. b:stock is expected to stop at the first seedless arrival, so under
-MPS it runs last and nothing is killed before the end (tier.conf.MPS). Both servers are DP servers of the same
-layout (--tp N --dp N --enable-dp-attention): SGLang's dummy weights depend only on each tensor's size and dtype, so
-the same layout gives the prefill and the decode the same bytes, which the observer's weight digests check.
+Legs (PD_LEGS, default "b:patched a:stock a:patched b:stock"): prefill:decode arm (patched, stock, or seeded:
+patched with SGLANG_DP_MTP_FIX_ARRIVAL_SEED=exact), one DP decode server per arm, the prefills up beside them (a
+call holds at most three DP4 servers under MPS: 48 client contexts). b:stock is expected to stop at the first
+seedless arrival, so under MPS it runs last and nothing is killed before the end (tier.conf.MPS). Both servers are
+DP servers of the same layout (--tp N --dp N --enable-dp-attention): SGLang's dummy weights depend only on each
+tensor's size and dtype, so the same layout gives the prefill and the decode the same bytes, which the observer's
+weight digests check.
 Per leg (``pd-<release>-<prefill>-<arm>.json``): arrivals with and without a seed (the observer at the decode's
 commit), the group-eager share, splits, decode batches with the verify graph on/off, ms per round, the accepted
 length per decode batch, served of asked, the metadata buffers' layout on both sides and whether an arrival's write
@@ -81,6 +83,7 @@ def cpu_decode_flags() -> list[str]:
 
 
 REFERENCE = ("a", "stock")
+ARMS = ("patched", "stock", "seeded")  # seeded: patched with SGLANG_DP_MTP_FIX_ARRIVAL_SEED=exact
 # the prompts sent one at a time after each leg: short to past index_topk (2048 for GLM-5), 24 tokens each
 JUDGE_LENGTHS = [int(x) for x in os.environ.get("PD_JUDGE", "4,9,17,33,64,100,250,700,2047,2048,2049,3000").split(",")]
 JUDGE_TOKENS = 24
@@ -90,8 +93,8 @@ def legs() -> list[tuple[str, str]]:
     out = []
     for leg in os.environ.get("PD_LEGS", "b:patched a:stock a:patched b:stock").split():
         cfg, _, arm = leg.partition(":")
-        if cfg not in ("a", "b") or arm not in ("patched", "stock"):
-            sys.exit(f"PD_LEGS: {leg!r} is not prefill:arm with prefill a or b and arm patched or stock")
+        if cfg not in ("a", "b") or arm not in ARMS:
+            sys.exit(f"PD_LEGS: {leg!r} is not prefill:arm with prefill a or b and arm one of {', '.join(ARMS)}")
         out.append((cfg, arm))
     if MPS and ("b", "stock") in out[:-1]:
         sys.exit(f"under MPS the stuck leg b:stock must be driven last: {out}")
@@ -119,6 +122,8 @@ def prefill_env(cfg: str) -> tuple[dict[str, str], str]:
 
 def decode_env(arm: str) -> tuple[dict[str, str], str, str]:
     env, records = trigger_env(f"pd-{arm}", arm == "stock", init_comms=False)
+    if arm == "seeded":  # issue 53: the plugin gives each seedless arrival its seed
+        env["SGLANG_DP_MTP_FIX_ARRIVAL_SEED"] = "exact"
     extra, _ = observer_env(f"pd-{arm}", "decode")
     env.update({k: v for k, v in extra.items() if k not in ("PYTHONPATH", "SEEDLESS_TRIGGER_DIR")})
     recorder = os.path.join(LOGS, f"pd-{arm}-recorder")
