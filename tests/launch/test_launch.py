@@ -362,6 +362,7 @@ def test_f_stands_down_with_one_visible_line_and_serves(standing_down):
     for line in lines.values():
         got = statuses(line)
         assert got.pop("upstream_vote_watch") == watch, line
+        assert got.pop("arrival_seed") == "disabled", line  # an opt-in setting, off by default, on every release
         assert got["draft_graph_vote"] == want and set(got.values()) <= {want, "not-affected"}, line
     passed = {m["dp"] for m in PEER_PASSED.finditer(standing_down.log)}
     # the ranks compare what they applied (the watch) or, with nothing applied, nothing at all
