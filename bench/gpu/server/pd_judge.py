@@ -58,13 +58,9 @@ def judgement(key: tuple[str, str, str], found: dict[tuple[str, str, str], tuple
     ref = next((r for r in REFERENCES if r != (prefill, arm) and found.get((release, *r), ("", None))[1]), None)
     if not mine or ref is None:
         return {"judge": {"reference": None, "why": "no served tokens in this leg or in a reference leg"}}
-    theirs = found[(release, *ref)][1]
-    soak, alone = judge.compare(theirs["soak"], mine["soak"]), judge.compare(theirs["alone"], mine["alone"])
-    ref_path = os.path.relpath(found[(release, *ref)][0], os.path.dirname(found[key][0]))
-    return {"judge": {"reference": f"{ref[0]}:{ref[1]}", "reference_file": ref_path, "soak": soak, "alone": alone},
-            "tokens_compared": soak["tokens_compared"] + alone["tokens_compared"],
-            "tokens_identical": soak["tokens_identical"] + alone["tokens_identical"],
-            "tokens_served": sum(len(t["ids"]) for part in mine.values() for t in part.values())}  # fmt: skip
+    made: dict[str, Any] = judge.judge_leg(mine, found[(release, *ref)][1], f"{ref[0]}:{ref[1]}")
+    made["judge"]["reference_file"] = os.path.relpath(found[(release, *ref)][0], os.path.dirname(found[key][0]))
+    return made
 
 
 def main() -> int:

@@ -52,6 +52,16 @@ def compare(ref: dict[str, dict[str, list[Any]]], cand: dict[str, dict[str, list
     return out
 
 
+def judge_leg(mine: dict[str, Any], theirs: dict[str, Any], reference: str) -> dict[str, Any]:
+    """A leg's judgement against its reference leg, both as kept (``{"soak": ..., "alone": ...}`` of rid -> tokens):
+    the fields a leg's JSON carries (stage pd in the call, pd_judge.py across calls)."""
+    soak, alone = compare(theirs["soak"], mine["soak"]), compare(theirs["alone"], mine["alone"])
+    return {"judge": {"reference": reference, "soak": soak, "alone": alone},
+            "tokens_compared": soak["tokens_compared"] + alone["tokens_compared"],
+            "tokens_identical": soak["tokens_identical"] + alone["tokens_identical"],
+            "tokens_served": sum(len(t["ids"]) for part in mine.values() for t in part.values())}  # fmt: skip
+
+
 def served_tokens(sent: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
     """The plan's request name -> tokens, for every request of a leg that came back with exactly the tokens asked."""
     return {r.get("n", r["rid"]): r["tokens_out"] for r in sent if not r.get("problem") and "tokens_out" in r}

@@ -58,7 +58,7 @@ from tier.evidence import (
     summarize,
 )
 from tier.hang import trigger_env
-from tier.judge import compare, served_tokens
+from tier.judge import judge_leg, served_tokens
 from tier.servers import TRIGGER_PATH, Server, gpu_memory, start_all
 from tier.soak import BATCHES, Progress, plan, provenance, round_mix
 from tier.traffic import generate, open_loop, served, tokens_of
@@ -266,12 +266,7 @@ def judge_all(result: dict[tuple[str, str], dict[str, Any]]) -> None:
         if "_tokens" not in rec or ref is None:
             rec["judge"] = {"reference": None, "why": "no served tokens in this leg or in a reference leg"}
             continue
-        mine, theirs = rec["_tokens"], result[ref]["_tokens"]
-        soak, solo = compare(theirs["soak"], mine["soak"]), compare(theirs["alone"], mine["alone"])
-        rec["judge"] = {"reference": f"{ref[0]}:{ref[1]}", "soak": soak, "alone": solo}
-        rec["tokens_compared"] = soak["tokens_compared"] + solo["tokens_compared"]
-        rec["tokens_identical"] = soak["tokens_identical"] + solo["tokens_identical"]
-        rec["tokens_served"] = sum(len(t["ids"]) for part in mine.values() for t in part.values())
+        rec.update(judge_leg(rec["_tokens"], result[ref]["_tokens"], f"{ref[0]}:{ref[1]}"))
 
 
 def write_leg(rec: dict[str, Any]) -> None:
