@@ -104,6 +104,16 @@ HANG_WAIT_S = float(os.environ.get("HANG_WAIT_S", "60"))
 # kernels then stay on the GPU, is driven last.
 MPS = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
+# The decode arms of stages soak and pd: patched, stock (SGLANG_DP_MTP_FIX=off), and seeded (issue 53): patched with
+# SGLANG_DP_MTP_FIX_ARRIVAL_SEED=SEEDED_MODE (default recent: the exact seed where the prompt fits index_topk, the
+# stand-in past it, so no arrival stays seedless).
+SEEDED_MODE = os.environ.get("SEEDED_MODE", "recent")
+
+
+def arm_seed_env(arm: str) -> dict[str, str]:
+    """The arrival-seed setting of a decode arm."""
+    return {"SGLANG_DP_MTP_FIX_ARRIVAL_SEED": SEEDED_MODE} if arm == "seeded" else {}
+
 
 def say(*parts: object) -> None:
     print(f"[+{time.monotonic() - T0:5.0f}s]", *parts, flush=True)

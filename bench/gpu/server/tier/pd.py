@@ -7,7 +7,7 @@ Two prefill configurations (the seed's deployment is (b)):
      metadata, so an arrival replays the draft graph;
   b  the prefill runs no speculative flags: every arrival is seedless, as with the fake backend.
 Legs (PD_LEGS, default "b:patched a:stock a:patched b:stock"): prefill:decode arm (patched, stock, or seeded:
-patched with SGLANG_DP_MTP_FIX_ARRIVAL_SEED=exact), one DP decode server per arm, the prefills up beside them (a
+tier.conf.arm_seed_env), one DP decode server per arm, the prefills up beside them (a
 call holds at most three DP4 servers under MPS: 48 client contexts). b:stock is expected to stop at the first
 seedless arrival, so under MPS it runs last and nothing is killed before the end (tier.conf.MPS). Both servers are
 DP servers of the same layout (--tp N --dp N --enable-dp-attention): SGLang's dummy weights depend only on each
@@ -43,6 +43,7 @@ from tier.conf import (
     SUMMARY,
     TIER,
     VOCAB,
+    arm_seed_env,
     left,
     say,
 )
@@ -60,7 +61,7 @@ from tier.evidence import (
 from tier.hang import trigger_env
 from tier.judge import judge_leg, served_tokens
 from tier.servers import TRIGGER_PATH, Server, gpu_memory, start_all
-from tier.soak import BATCHES, Progress, plan, provenance, round_mix
+from tier.soak import BATCHES, Progress, arrivals, plan, provenance, round_mix
 from tier.traffic import generate, open_loop, served, tokens_of
 
 TRANSFER = os.environ.get("PD_TRANSFER", "mooncake_tcp")
@@ -83,7 +84,7 @@ def cpu_decode_flags() -> list[str]:
 
 
 REFERENCE = ("a", "stock")
-ARMS = ("patched", "stock", "seeded")  # seeded: patched with SGLANG_DP_MTP_FIX_ARRIVAL_SEED=exact
+ARMS = ("patched", "stock", "seeded")  # tier.conf.arm_seed_env
 # the prompts sent one at a time after each leg: short to past index_topk (2048 for GLM-5), 24 tokens each
 JUDGE_LENGTHS = [int(x) for x in os.environ.get("PD_JUDGE", "4,9,17,33,64,100,250,700,2047,2048,2049,3000").split(",")]
 JUDGE_TOKENS = 24
@@ -122,8 +123,7 @@ def prefill_env(cfg: str) -> tuple[dict[str, str], str]:
 
 def decode_env(arm: str) -> tuple[dict[str, str], str, str]:
     env, records = trigger_env(f"pd-{arm}", arm == "stock", init_comms=False)
-    if arm == "seeded":  # issue 53: the plugin gives each seedless arrival its seed
-        env["SGLANG_DP_MTP_FIX_ARRIVAL_SEED"] = "exact"
+    env.update(arm_seed_env(arm))
     extra, _ = observer_env(f"pd-{arm}", "decode")
     env.update({k: v for k, v in extra.items() if k not in ("PYTHONPATH", "SEEDLESS_TRIGGER_DIR")})
     recorder = os.path.join(LOGS, f"pd-{arm}-recorder")
@@ -160,16 +160,6 @@ def alone(decode: Server, prefill: Server, tag: str) -> dict[str, dict[str, list
         if served(ans, JUDGE_TOKENS, i % NODES) is None:
             out[rid] = tokens_of(ans)
     return out
-
-
-def arrivals(recs: list[dict[str, Any]]) -> dict[str, Any]:
-    arr = [r for r in recs if r["kind"] == "arrival"]
-    return {"arrivals_seeded": sum(1 for r in arr if r["committed_seed"]),
-            "arrivals_seedless": sum(1 for r in arr if not r["committed_seed"]),
-            "arrivals_wire_seeded": sum(1 for r in arr if r.get("wire_seed")),
-            "arrivals_hidden_nonzero": sum(1 for r in arr if r.get("hidden_nonzero")),
-            "arrivals_room_mismatch": sum(1 for r in arr if "room_in_buffer" in r and r["room"] is not None
-                                          and r["room_in_buffer"] != r["room"])}  # fmt: skip
 
 
 def aux_layout(prefill_records: str, decode_records: str) -> dict[str, Any]:

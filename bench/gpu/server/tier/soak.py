@@ -42,6 +42,7 @@ from tier.conf import (
     RELEASE,
     SUMMARY,
     TIER,
+    arm_seed_env,
     left,
     refuse_stuck_arm_before_another,
     say,
@@ -205,9 +206,24 @@ def run_arm(s: Server, arm: str, records: str, recorder: str, index_share: bool)
     rec["by_rate"] = by_rate(rec["phases"])
     rec.update(profiled)
     rec["draft_extend"] = draft_extend(recs)
+    rec.update(arrivals(recs))
+    accept = [x for v in counter.accept.values() for x in v]
+    rec["accept_len"] = {"per_batch": spread(accept), "mean": round(sum(accept) / len(accept), 4) if accept else None}
     time.sleep(2.5)  # two heartbeats: every rank's file is written out after its last recorded round
     rec["rollcall"] = rollcall(recorder)
     return rec
+
+
+def arrivals(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The PD arrivals the decode committed (observer, SEEDLESS_TRIGGER_PD=1): with a seed after the commit (the
+    plugin's arrival_seed included), without, with one on the wire (the prefill's), and the aux row's state."""
+    arr = [r for r in recs if r["kind"] == "arrival"]
+    return {"arrivals_seeded": sum(1 for r in arr if r["committed_seed"]),
+            "arrivals_seedless": sum(1 for r in arr if not r["committed_seed"]),
+            "arrivals_wire_seeded": sum(1 for r in arr if r.get("wire_seed")),
+            "arrivals_hidden_nonzero": sum(1 for r in arr if r.get("hidden_nonzero")),
+            "arrivals_room_mismatch": sum(1 for r in arr if "room_in_buffer" in r and r["room"] is not None
+                                          and r["room_in_buffer"] != r["room"])}  # fmt: skip
 
 
 def draft_extend(recs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,6 +241,7 @@ def draft_extend(recs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def arm_env(arm: str) -> tuple[dict[str, str], str, str]:
     env, records = trigger_env(f"soak-{arm}", arm == "stock", init_comms=False)
+    env.update(arm_seed_env(arm))
     recorder = os.path.join(LOGS, f"soak-{arm}-recorder")
     os.makedirs(recorder, exist_ok=True)
     env["SGLANG_DP_MTP_FIX_RECORDER_DIR"] = recorder
@@ -232,8 +249,8 @@ def arm_env(arm: str) -> tuple[dict[str, str], str, str]:
         env["SEEDLESS_TRIGGER_TIME_DRAFT"] = "1"
     if os.environ.get("SOAK_DX_EAGER") == "1":
         env["SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"] = "1"
-    if TIER == "dsa":
-        env["SEEDLESS_TRIGGER_DX"] = "1"
+    if TIER == "dsa":  # the draft-extend backend's metadata calls, and each arrival's seed after the commit
+        env.update(SEEDLESS_TRIGGER_DX="1", SEEDLESS_TRIGGER_PD="1")
     return env, records, recorder
 
 
@@ -273,7 +290,8 @@ def stage_soak() -> None:
     SUMMARY["soak"] = {arm: {k: r.get(k) for k in BRIEF} for arm, r in result.items()}
 
 
-BRIEF = ("stopped_by", "drain_ended_by", "drain_s", "decode_batches", "verify_graph", "draft_rounds",
+BRIEF = ("stopped_by", "drain_ended_by", "drain_s", "decode_batches", "verify_graph", "draft_rounds", "arrivals_seeded",
+         "arrivals_seedless", "accept_len",
          "group_eager_rounds", "eager_share", "split_rounds", "asked", "served", "round_ms", "draft_ms", "round_mix",
          "by_rate", "rollcall")  # fmt: skip
 
