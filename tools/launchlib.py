@@ -186,6 +186,10 @@ def base_env(gaps: str, **extra: str) -> dict[str, str]:
         SGLANG_CPU_OMP_THREADS_BIND="0|1",  # two ranks on one NUMA node: SGLang asks for an explicit binding
         LAUNCH_CPU_ATTN_OPS="1",  # speculative decoding needs IntelAMXAttnBackend (see launch_cpu_gaps, gap 3)
         SGLANG_PLUGINS="dp_mtp_fix,launch_cpu_gaps",
+        # SGLang's @torch.compile helpers (top-k, sampler) run eagerly: on CPU, inductor compiled them with the C++
+        # compiler at every cold start (one 0.5.20 launch: 88 s cold against 60 s with this), and both arms of each
+        # comparison run alike; no function the plugin patches is compiled on these CPU launches.
+        TORCHDYNAMO_DISABLE="1",
     )
     env.update(extra)
     return env
