@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test matrix: every supported SGLang release, real and unmodified, on CPU (one lean venv each).
 # Usage: tools/test-matrix.sh [RELEASE ...]     (default: all, tests/releases.py MATRIX; SGLANG_RELEASES="..." works too)
-# Two lanes run side by side, each over the releases in order, so both cores stay busy: the unit lane (everything but
-# tests/launch) and the launch lane (tests/launch, on the releases that launch here: tests/releases.py LAUNCHES_HERE).
+# Two lanes run side by side, so both cores stay busy: the unit lane takes each release's unit job (everything but
+# tests/launch) in order; the launch lane runs tests/launch on the releases that launch here (tests/releases.py
+# LAUNCHES_HERE), then takes the unit jobs not yet taken, from the last release back (tools: claim, job).
 # They hand out ports from disjoint ranges (SGLANG_DP_MTP_FIX_PORTS), each pytest has its own --basetemp. The venvs
 # build one at a time ahead of both lanes (uv: tools/mkvenv.sh). Each lane prints its release's venv wait and test
 # time and its slowest tests; the closing lines give the whole run's time. After its unit tests, each release's
@@ -69,35 +70,37 @@ doctor_json() {  # doctor --json of the venv $1 into $2, run as from an operator
 LAUNCHING=$(python3 -c 'import sys; sys.path.insert(0, "tests"); from releases import LAUNCHES_HERE as L; print(*L)')
 launches_here() { [[ " $LAUNCHING " == *" $1 "* ]]; }
 
-lane() {  # lane NAME PORTS RELEASE...: the lane's tests on each release in turn; its failures in $VLOG/failed-NAME
-  local name=$1 ports=$2 v e w0 waited t0 xml status; shift 2
+claim() {  # claim RELEASE: take that release's unit job (once, whichever lane asks first: mkdir is atomic)
+  mkdir "$VLOG/claimed-unit-$1" 2>/dev/null
+}
+
+job() {  # job LANE PORTS KIND RELEASE: one release's unit or launch tests; failures in $VLOG/failed-LANE
+  local name=$1 ports=$2 kind=$3 v=$4 e w0 waited t0 xml status
   local -a paths
-  for v in "$@"; do
-    w0=$(date +%s)
-    phase "$name" "waiting for the SGLang $v venv's build"
-    until [[ -f "$VLOG/$v.secs" ]]; do sleep 1; done
-    waited=$(( $(date +%s) - w0 ))
-    if [[ ! -s "$VLOG/$v.path" ]]; then
-      echo "!!! [$name] SGLang $v: venv build failed after $(cat "$VLOG/$v.secs")s; its log ends:"
-      tail -25 "$VLOG/$v.log"
-      echo "$v(venv)" >> "$VLOG/failed-$name"; continue
-    fi
-    e=$(cat "$VLOG/$v.path")
-    if [[ $name == launch ]]; then paths=(tests/launch); xml="$OUT/sglang-$v-launch.xml"
-    elif launches_here "$v"; then paths=(tests --ignore=tests/launch); xml="$OUT/sglang-$v.xml"
-    else paths=(tests); xml="$OUT/sglang-$v.xml"; fi  # no launch lane here: its skips (and why) are reported here
-    echo "=== [$name] SGLang $v: venv ready (waited ${waited}s); running ${paths[*]}"
-    t0=$(date +%s) status=ok
-    phase "$name" "SGLang $v: pytest ${paths[*]}"
-    if ! SGLANG_DP_MTP_FIX_PORTS=$ports "$e/bin/python" -m pytest "${paths[@]}" -q -p no:cacheprovider \
-          -W ignore::UserWarning -W ignore::DeprecationWarning --basetemp="$TMPS/$name-$v" --durations=8 \
-          --junitxml="$xml" -o junit_suite_name="sglang-$v-$name"; then
-      echo "$v" >> "$VLOG/failed-$name"; status=FAILED
-    fi
-    if [[ $name == unit ]]; then phase "$name" "SGLang $v doctor --json"; doctor_json "$e" "$OUT/doctor-$v.json"; fi
-    echo "$v $name: waited=${waited}s tests=$(( $(date +%s) - t0 ))s $status" >> "$VLOG/timings"
-    echo "=== [$name] SGLang $v: done in $(( $(date +%s) - t0 ))s ($status)"
-  done
+  w0=$(date +%s)
+  phase "$name" "waiting for the SGLang $v venv's build"
+  until [[ -f "$VLOG/$v.secs" ]]; do sleep 1; done
+  waited=$(( $(date +%s) - w0 ))
+  if [[ ! -s "$VLOG/$v.path" ]]; then
+    echo "!!! [$name] SGLang $v: venv build failed after $(cat "$VLOG/$v.secs")s; its log ends:"
+    tail -25 "$VLOG/$v.log"
+    echo "$v(venv)" >> "$VLOG/failed-$name"; return
+  fi
+  e=$(cat "$VLOG/$v.path")
+  if [[ $kind == launch ]]; then paths=(tests/launch); xml="$OUT/sglang-$v-launch.xml"
+  elif launches_here "$v"; then paths=(tests --ignore=tests/launch); xml="$OUT/sglang-$v.xml"
+  else paths=(tests); xml="$OUT/sglang-$v.xml"; fi  # no launch job here: its skips (and why) are reported here
+  echo "=== [$name] SGLang $v: venv ready (waited ${waited}s); running ${paths[*]}"
+  t0=$(date +%s) status=ok
+  phase "$name" "SGLang $v: pytest ${paths[*]}"
+  if ! SGLANG_DP_MTP_FIX_PORTS=$ports "$e/bin/python" -m pytest "${paths[@]}" -q -p no:cacheprovider \
+        -W ignore::UserWarning -W ignore::DeprecationWarning --basetemp="$TMPS/$kind-$v" --durations=8 \
+        --junitxml="$xml" -o junit_suite_name="sglang-$v-$kind"; then
+    echo "$v" >> "$VLOG/failed-$name"; status=FAILED
+  fi
+  if [[ $kind == unit ]]; then phase "$name" "SGLang $v doctor --json"; doctor_json "$e" "$OUT/doctor-$v.json"; fi
+  echo "$v $kind (lane $name): waited=${waited}s tests=$(( $(date +%s) - t0 ))s $status" >> "$VLOG/timings"
+  echo "=== [$name] SGLang $v $kind: done in $(( $(date +%s) - t0 ))s ($status)"
 }
 
 TMPS=$(mktemp -d /tmp/sdmf-matrix.XXXXXX)
@@ -108,9 +111,16 @@ trap 'echo "!!! test matrix stopped by a signal"; wait; rm -rf "$TMPS"; exit 143
 LAUNCH_RELEASES=()
 for v in "${RELEASES[@]}"; do launches_here "$v" && LAUNCH_RELEASES+=("$v"); done
 # Each lane's output goes to its own log, printed whole when the lane ends: interleaved lines would be unreadable.
-( lane unit 10000-20999 "${RELEASES[@]}" ) > "$VLOG/lane-unit.log" 2>&1 &
+# Balanced: the unit lane takes the releases' unit jobs from the front; the launch lane runs every launch job (never
+# two launches at once: each wants both cores), then takes the unit jobs still unclaimed from the back.
+( for v in "${RELEASES[@]}"; do claim "$v" && job unit 10000-20999 unit "$v"; done ) > "$VLOG/lane-unit.log" 2>&1 &
 unit_lane=$!
-( lane launch 21000-32767 ${LAUNCH_RELEASES[@]+"${LAUNCH_RELEASES[@]}"} ) > "$VLOG/lane-launch.log" 2>&1 &
+(
+  for v in ${LAUNCH_RELEASES[@]+"${LAUNCH_RELEASES[@]}"}; do job launch 21000-32767 launch "$v"; done
+  for (( i = ${#RELEASES[@]} - 1; i >= 0; i-- )); do
+    claim "${RELEASES[i]}" && job launch 21000-32767 unit "${RELEASES[i]}"
+  done
+) > "$VLOG/lane-launch.log" 2>&1 &
 launch_lane=$!
 wait "$unit_lane"; echo "############ unit lane"; cat "$VLOG/lane-unit.log"
 wait "$launch_lane"; echo "############ launch lane"; cat "$VLOG/lane-launch.log"
