@@ -127,3 +127,46 @@ def test_doctor_checks_what_the_launch_checks(tmp_path):
 
 def last_json_list(stdout: str) -> list:
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+# STAND-IN: os.statvfs says the directory's filesystem is full (making a full filesystem here needs a mount).
+# (f_bsize, f_frsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree, f_favail, f_flag, f_namemax)
+FULL = os.statvfs_result((4096, 4096, 262144, 0, 0, 65536, 60000, 60000, 0, 255))
+
+
+@requires_sglang
+@pytest.mark.parametrize(
+    ("env", "want_rc", "verdict"),
+    [
+        (
+            {"SGLANG_DP_MTP_FIX": "strict", "SGLANG_DP_MTP_FIX_REPORT_DIR": "{d}"},
+            2,
+            "the launch stops (strict): SGLANG_DP_MTP_FIX_REPORT_DIR",
+        ),
+        (
+            {"SGLANG_DP_MTP_FIX_RECORDER_DIR": "{d}"},
+            2,
+            "SGLANG_DP_MTP_FIX_RECORDER_DIR: the launch goes on with no flight recorder",
+        ),
+    ],  # fmt: skip
+    ids=["strict-report-dir", "recorder-dir"],
+)
+def test_a_directory_on_a_full_filesystem_is_a_problem(env, want_rc, verdict, tmp_path, monkeypatch, capsys):
+    """Before: doctor said the fix would be applied (exit 0), and a strict launch stopped at its report write."""
+    from sglang_dp_mtp_fix.cli import main
+
+    if "RECORDER" in verdict and expected_statuses().get("draft_graph_vote") != "applied":
+        pytest.skip(f"nothing records on SGLang {SGLANG_VERSION}: the recorder directory is not checked")
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: FULL if os.fspath(p) == str(tmp_path) else real(p))
+    for name in [n for n in os.environ if n.startswith("SGLANG_DP_MTP_FIX")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(d=tmp_path))
+    monkeypatch.setenv("SGLANG_PLUGINS", "dp_mtp_fix")
+    capsys.readouterr()
+    rc = main(["doctor"])
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("  verdict:      ")]
+    assert rc == want_rc and verdict in line, out
+    assert f"DIRECTORY:    {next(iter(env.keys() - {'SGLANG_DP_MTP_FIX'}))}={tmp_path}: its filesystem is full" in out

@@ -20,6 +20,7 @@ from support import expected_status, last_json, requires_sglang, run_python
 from sglang_dp_mtp_fix import report
 from sglang_dp_mtp_fix.config import REPORT_DIR_ENV, Config, Mode
 from sglang_dp_mtp_fix.core import Outcome, Status
+from sglang_dp_mtp_fix.errors import ReportFileError
 
 OUTCOMES = [Outcome("draft_graph_vote", Status.APPLIED, "checked")]
 
@@ -214,3 +215,16 @@ def test_the_problem_line_names_the_root_cause_from_the_outcome_fields():
         "held_back": "group-member",
         "blocked_by": "b",
     }
+
+
+def test_a_report_write_that_fails_leaves_no_file(tmp_path, monkeypatch):
+    """Before: a full disk left a 0-byte report file behind the error."""
+    import errno
+
+    def full(fd: int, data: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)  # STAND-IN: a full disk at the report's first write
+    with pytest.raises(ReportFileError, match="No space left"):
+        report.write_report_file([], Config(report_dir=str(tmp_path)))
+    assert os.listdir(tmp_path) == []

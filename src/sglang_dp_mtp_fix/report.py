@@ -18,6 +18,7 @@ of that name is never followed or overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -182,16 +183,38 @@ def check_directory(directory: str, env_name: str) -> None:
         raise ReportFileError(f"{where} is not a directory")
 
 
+# Below this, a directory's filesystem counts as full: a report file is a few KiB, a recorder ring about 1 MiB.
+MIN_FREE_BYTES = 4 << 20
+
+
+def space_problem(directory: str, env_name: str) -> str | None:
+    """A full filesystem: fewer than MIN_FREE_BYTES or no inode left for this user (root also gets the reserved
+    blocks). The launch's first write there would fail; nothing else tells ``doctor`` so before it."""
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return None  # unreadable: the create check speaks for it
+    root = os.geteuid() == 0
+    free = (fs.f_bfree if root else fs.f_bavail) * fs.f_frsize
+    inodes = fs.f_ffree if root else fs.f_favail
+    if free < MIN_FREE_BYTES or (fs.f_files > 0 and inodes == 0):  # f_files 0: no inode limit (btrfs)
+        left = f"{free} bytes" if free < MIN_FREE_BYTES else "no inode"
+        return (
+            f"{env_name}={directory}: its filesystem is full ({left} free to this user); nothing can be written there"
+        )
+    return None
+
+
 def directory_problem(directory: str, env_name: str) -> str | None:
     """What ``create_in_directory`` would refuse, checked without creating anything (``doctor``): the directory
-    rules, and whether this user can create a file there."""
+    rules, whether this user can create a file there, and whether its filesystem has room."""
     try:
         check_directory(directory, env_name)
     except ReportFileError as exc:
         return str(exc)
     if not os.access(directory, os.W_OK | os.X_OK):
         return f"{env_name}={directory}: this user cannot create a file there (permissions, or a read-only filesystem)"
-    return None
+    return space_problem(directory, env_name)
 
 
 def create_in_directory(directory: str, env_name: str, name: str, flags: int = os.O_WRONLY) -> tuple[int, str]:
@@ -235,6 +258,8 @@ def write_report_file(outcomes: Sequence[Outcome], config: Config) -> str | None
         while view:
             view = view[os.write(fd, view) :]
     except OSError as exc:
+        with contextlib.suppress(OSError):  # a half-written report (a full disk) is no report: not left behind
+            os.unlink(path)
         raise ReportFileError(f"cannot write {path}: {exc.strerror}") from exc
     finally:
         os.close(fd)
