@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from sglang_dp_mtp_fix import monitor
+from sglang_dp_mtp_fix.diagnosis import monitor
 from sglang_dp_mtp_fix.harness import rank
 
 _MONITOR_START = monitor.Monitor.start
@@ -79,7 +79,7 @@ def interleaved_rounds(payload: dict[str, Any]) -> dict[str, Any]:
     follow one another are seconds apart in the block protocol and microseconds apart here, so slow drifts of a shared
     host cancel in each cycle's differences. Returns each arm's round CPU times (µs) by cycle, and what the recorder
     wrote (so a hollow run, one whose recorder arm never recorded, is refused by the caller)."""
-    from sglang_dp_mtp_fix import recorder
+    from sglang_dp_mtp_fix.diagnosis import recorder
 
     arms, states = payload["arms"], payload["states"]
     times: dict[str, list[float]] = {name: [] for name, _ in arms}
@@ -126,7 +126,7 @@ def _with_private_ring(apply: Callable[[rank.PluginRequest], dict[str, Any]]) ->
     (``bench.py --recorder-split``)."""
 
     def command(request: rank.PluginRequest) -> dict[str, Any]:
-        from sglang_dp_mtp_fix import recorder
+        from sglang_dp_mtp_fix.diagnosis import recorder
 
         result = apply(request)
         rec = recorder.active()

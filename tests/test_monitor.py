@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dp_mtp_fix import monitor, recfile, rollcall
+from sglang_dp_mtp_fix import rollcall
 from sglang_dp_mtp_fix.config import STALL_ENV, load_config
+from sglang_dp_mtp_fix.diagnosis import monitor, recfile
 
 HELD_WRITER = """
 import sys, threading
 from contextvars import ContextVar
-from sglang_dp_mtp_fix import recorder
+from sglang_dp_mtp_fix.diagnosis import recorder
 from sglang_dp_mtp_fix.config import Config
 
 rank, rounds = int(sys.argv[2]), int(sys.argv[3])

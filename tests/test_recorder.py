@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 from support import affected_only, written
 
-from sglang_dp_mtp_fix import recfile, recorder, rollcall
+from sglang_dp_mtp_fix import rollcall
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
+from sglang_dp_mtp_fix.diagnosis import recfile, recorder
 from sglang_dp_mtp_fix.errors import RecorderFileError
 
 SEEDED = {"kind": "decode", "seed": True, "num_reqs": 3}
@@ -84,7 +85,7 @@ def test_patched_arm_agrees_and_records_what_each_rank_did(rank_pool, tmp_path):
         results = rank_pool.run_trace(trace, collective=False)
         written(str(tmp_path), 4, 60)
         data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
-        by_rank = {f.dp_rank: f for f in map(recorder.read_file, map(str, files(tmp_path)))}
+        by_rank = {f.dp_rank: f for f in map(rollcall.read_file, map(str, files(tmp_path)))}
     finally:
         rank_pool.plugin("restore")
     assert code == 0, data["answer"]
@@ -203,7 +204,7 @@ def test_a_round_stored_as_words_is_the_record_layout_byte_for_byte(tmp_path):
 WRITER = """
 import sys
 from contextvars import ContextVar
-from sglang_dp_mtp_fix import recorder
+from sglang_dp_mtp_fix.diagnosis import recorder
 from sglang_dp_mtp_fix.config import Config
 
 same = lambda *a, **k: None
@@ -317,7 +318,7 @@ def test_the_variable_takes_an_absolute_path_or_nothing():
 
 FULL_DISK_WRITER = """
 import sys
-from sglang_dp_mtp_fix import recorder
+from sglang_dp_mtp_fix.diagnosis import recorder
 rec = recorder.Recorder(sys.argv[1])
 rec.open(None, ranks=(0, 2, 0, 2, 0))
 for _ in range(2 * rec.capacity):  # every slot of the ring, twice

@@ -14,7 +14,8 @@ import pytest
 from support import release_free
 from test_recorder import EAGER, GRAPH, files, write_rank
 
-from sglang_dp_mtp_fix import cli, recfile, recorder, rollcall
+from sglang_dp_mtp_fix import cli, rollcall
+from sglang_dp_mtp_fix.diagnosis import recfile, recorder
 from sglang_dp_mtp_fix.errors import RecorderFileError
 
 

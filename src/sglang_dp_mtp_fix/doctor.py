@@ -99,7 +99,8 @@ class DirectoryProblem:
 def directory_problems(config: Config, recording: bool) -> list[DirectoryProblem]:
     """The report and recorder directories under the launch's own checks (``recording``: a patch that records
     applies here, so the launch checks the recorder directory at load)."""
-    from sglang_dp_mtp_fix import recorder, report
+    from sglang_dp_mtp_fix import report
+    from sglang_dp_mtp_fix.diagnosis import recorder
 
     found = []
     if config.report_dir:

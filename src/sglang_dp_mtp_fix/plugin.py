@@ -18,9 +18,10 @@ import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import _version, metrics, monitor, peers, recorder, report, stats, transport
+from sglang_dp_mtp_fix import _version, peers, report, transport
 from sglang_dp_mtp_fix.config import Config, load_config, settings, unknown_line
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, groups
+from sglang_dp_mtp_fix.diagnosis import metrics, monitor, recorder, stats
 from sglang_dp_mtp_fix.errors import StartupHazard as StartupHazard  # re-exported: its old home
 from sglang_dp_mtp_fix.errors import StrictModeAbort as StrictModeAbort
 from sglang_dp_mtp_fix.patches import _startup_checks, all_patches

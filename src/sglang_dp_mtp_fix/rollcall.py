@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_dp_mtp_fix import recfile
-from sglang_dp_mtp_fix.errors import RecorderFileError
-from sglang_dp_mtp_fix.recfile import (
+from sglang_dp_mtp_fix.diagnosis import recfile
+from sglang_dp_mtp_fix.diagnosis.recfile import (
     BOOT_ID_OFFSET,
     BOOT_ID_SIZE,
     ENTERED_OFFSET,
@@ -41,6 +40,7 @@ from sglang_dp_mtp_fix.recfile import (
     SENT_DRAFT,
     SENT_GENERIC,
 )
+from sglang_dp_mtp_fix.errors import RecorderFileError
 
 SETTLE_S = 1.5  # rollcall watches the entered rounds this long (more than a heartbeat) before judging a stall
 MAX_SETTLE_S = 600.0  # --settle's upper bound: a watch, not a wait for ever

@@ -28,8 +28,8 @@ from releases import AFFECTED, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION, SUPERSEDE
 from soaklib import probe_pythonpath
 
 from sglang_dp_mtp_fix import rollcall
-from sglang_dp_mtp_fix.monitor import IDLE_FLOOR_S
-from sglang_dp_mtp_fix.recfile import HEARTBEAT_PERIOD_S, HEARTBEAT_STALE_S
+from sglang_dp_mtp_fix.diagnosis.monitor import IDLE_FLOOR_S
+from sglang_dp_mtp_fix.diagnosis.recfile import HEARTBEAT_PERIOD_S, HEARTBEAT_STALE_S
 
 # A patched release, and one where SGLang's own vote decides (upstream_vote_watch)
 STALL_RELEASES = ("0.5.20", "0.5.23")

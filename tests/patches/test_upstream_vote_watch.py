@@ -16,8 +16,9 @@ import pytest
 from releases import SGLANG_VERSION, SUPERSEDED
 from support import written
 
-from sglang_dp_mtp_fix import monitor, recorder, rollcall
+from sglang_dp_mtp_fix import rollcall
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
+from sglang_dp_mtp_fix.diagnosis import monitor, recorder
 
 pytestmark = pytest.mark.skipif(
     SGLANG_VERSION not in SUPERSEDED, reason=f"SGLang's own draft vote decides only on {', '.join(SUPERSEDED)}"

@@ -22,9 +22,9 @@ import contextvars
 import functools
 from typing import Any
 
-from sglang_dp_mtp_fix import monitor, recorder
 from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import UNCHANGED, Patch, Resolved, StandDown, Status, Target
+from sglang_dp_mtp_fix.diagnosis import monitor, recorder
 from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict
 from sglang_dp_mtp_fix.patches.draft_graph_vote import (
     FINALIZE_LOCAL,

@@ -39,10 +39,10 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
-from sglang_dp_mtp_fix import recfile
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV, Config
-from sglang_dp_mtp_fix.recfile import (
+from sglang_dp_mtp_fix.diagnosis import recfile
+from sglang_dp_mtp_fix.diagnosis.recfile import (
     CAPACITY,
     ENTERED_OFFSET,
     FLAGS_SHIFT,
@@ -142,7 +142,7 @@ class Recorder:
             return
         _open_recorders.add(self)
         if self is _active:
-            from sglang_dp_mtp_fix import monitor
+            from sglang_dp_mtp_fix.diagnosis import monitor
 
             monitor.start()  # the heartbeat and the write-out (once per process; again in a forked child)
         logger.info("sglang-dp-mtp-fix: flight recorder: %s (last %d MLP-sync rounds)", self.path, self.capacity)
@@ -420,15 +420,3 @@ def check_directory(directory: str) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return f"{where} is not a directory"
     return None
-
-
-_READER = frozenset({"rollcall", "read_file", "print_rollcall", "rollcall_json", "Record", "RankFile"})
-
-
-def __getattr__(name: str) -> Any:
-    """The reader's names at their old home (``recorder.rollcall``; the launch tier still calls it there)."""
-    if name in _READER:
-        from sglang_dp_mtp_fix import rollcall
-
-        return getattr(rollcall, name)
-    raise AttributeError(name)

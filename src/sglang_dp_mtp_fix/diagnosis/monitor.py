@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from sglang_dp_mtp_fix import recfile
+from sglang_dp_mtp_fix.diagnosis import recfile
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
 
@@ -71,7 +71,7 @@ class Monitor:
 
     # -- the heartbeat ------------------------------------------------------------------------------------------
     def beat(self) -> None:
-        from sglang_dp_mtp_fix import recorder
+        from sglang_dp_mtp_fix.diagnosis import recorder
 
         rec = recorder.active()
         if rec is None or rec.path is None:
@@ -118,7 +118,7 @@ class Monitor:
         return bool(getattr(scheduler, "_engine_paused", False))
 
     def _round_fields(self) -> dict[str, Any]:
-        from sglang_dp_mtp_fix import recorder
+        from sglang_dp_mtp_fix.diagnosis import recorder
 
         rec = recorder.active()
         fields: dict[str, Any] = {"dp_rank": self.dp_rank}
@@ -173,7 +173,8 @@ class Monitor:
 
 def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]]:
     """The other ranks' heartbeats readable in this host's recorder directory: (stale, live), as ``dp<R>(...)``."""
-    from sglang_dp_mtp_fix import recorder, rollcall
+    from sglang_dp_mtp_fix import rollcall
+    from sglang_dp_mtp_fix.diagnosis import recorder
 
     rec = recorder.active()
     if rec is None or rec.path is None:
