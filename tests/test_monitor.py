@@ -23,12 +23,13 @@ from sglang_dp_mtp_fix.diagnosis import monitor, recfile
 HELD_WRITER = """
 import sys, threading
 from contextvars import ContextVar
-from sglang_dp_mtp_fix.diagnosis import recorder
+from sglang_dp_mtp_fix.diagnosis import recorder, wiring
 from sglang_dp_mtp_fix.config import Config
 
 rank, rounds = int(sys.argv[2]), int(sys.argv[3])
 same = lambda *a, **k: None
-recorder.instrument(Config(recorder_dir=sys.argv[1]), same, same, same, "d", "g", ContextVar("v"))
+wiring.configure(Config(recorder_dir=sys.argv[1], stall_s=None))  # the plugin's settings, as register() sets them
+recorder.instrument(same, same, same, "d", "g", ContextVar("v"))
 rec = recorder.active()
 rec.open(None, ranks=(rank, 2, rank, 2, rank))  # starts the monitor thread (the heartbeat)
 for _ in range(rounds):

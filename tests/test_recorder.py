@@ -204,11 +204,12 @@ def test_a_round_stored_as_words_is_the_record_layout_byte_for_byte(tmp_path):
 WRITER = """
 import sys
 from contextvars import ContextVar
-from sglang_dp_mtp_fix.diagnosis import recorder
+from sglang_dp_mtp_fix.diagnosis import recorder, wiring
 from sglang_dp_mtp_fix.config import Config
 
 same = lambda *a, **k: None
-recorder.instrument(Config(recorder_dir=sys.argv[1]), same, same, same, "d", "g", ContextVar("v"))
+wiring.configure(Config(recorder_dir=sys.argv[1], stall_s=None))  # the plugin's settings, as register() sets them
+recorder.instrument(same, same, same, "d", "g", ContextVar("v"))
 rec = recorder.active()  # the process's recorder, as a scheduler has it: open starts the heartbeat's write-out
 rec.open(None, ranks=(3, 4, 3, 4, 3))
 print("open", flush=True)

@@ -1,8 +1,9 @@
 """Liveness of a patched scheduler, kept by one daemon thread per process, never by the main thread (the main thread is
 what stops): the heartbeat in the flight-recorder file's header (``recfile``) and the stall line in SGLang's log.
 
-Heartbeat: about once a second the thread writes wall and monotonic time into the header of this process's recorder
-ring and writes the ring out to its file (when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set; ``recorder.Recorder.flush``).
+Heartbeat: about once a second the thread hands the recorder its tick (``recorder.Recorder.heartbeat``), which writes
+wall and monotonic time into its ring's header and the ring out to its file (when ``SGLANG_DP_MTP_FIX_RECORDER_DIR``
+is set): the recorder is the file's one writer.
 A rank blocked in a collective keeps ticking; a frozen, killed or OOM-killed process stops, which is what ``rollcall``
 reads first.
 
@@ -16,7 +17,8 @@ stays away for ``stall_s`` (at least ``IDLE_FLOOR_S``): its group stopped (issue
 was idle holds the live rank in the request broadcast, outside any round). A paused engine is not judged.
 
 The thread never raises into SGLang (every tick is guarded), is a daemon (it ends with the process) and is restarted
-in a forked child by the child's own recorder (``recorder.Recorder.detach``), never shared with the parent.
+in a forked child when the child's own recorder opens its file (``recorder.configure``'s ``on_open``, set by
+``wiring``), never shared with the parent.
 """
 
 from __future__ import annotations
@@ -77,10 +79,7 @@ class Monitor:
         if rec is None or rec.path is None:
             return
         self.ticks += 1
-        recfile.HEARTBEAT.pack_into(
-            rec.buf, recfile.HEARTBEAT_OFFSET, self.ticks, time.time(), time.monotonic_ns(), self.ticks
-        )
-        rec.flush()  # the ring and this heartbeat reach the file together
+        rec.heartbeat(self.ticks)  # the recorder writes it, with the ring: the file has one writer
 
     # -- the stall watcher --------------------------------------------------------------------------------------
     def watch(self, now: float) -> None:
@@ -206,11 +205,10 @@ _stall_s: float | None = None
 _dp_rank = -1
 
 
-def configure(stall_s: float | None) -> Progress:
-    """At load (the vote's wrappers): the stall threshold; the counters the sync-entry wrapper writes."""
+def configure(stall_s: float | None) -> None:
+    """At load (``wiring``): the stall threshold. The vote's sync-entry wrapper writes ``PROGRESS``."""
     global _stall_s
     _stall_s = stall_s
-    return PROGRESS
 
 
 def start(dp_rank: int | None = None, scheduler: Any = None) -> Monitor:
