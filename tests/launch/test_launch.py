@@ -87,10 +87,10 @@ def recorder_rollcall(server) -> dict:
 def written_out(directory: str, timeout: float = 30) -> None:
     """Until every file was written out after this call (the ring goes out with each heartbeat, issue 45; two ticks:
     the first may have been taken before this call), so it holds every round the counters read before it."""
-    from sglang_dp_mtp_fix import rollcall
+    from sglang_dp_mtp_fix.diagnosis import reader
 
     def ticks() -> list[int]:
-        return [rollcall.read_file(p).heartbeat_ticks for p in rollcall.files_in(directory)]
+        return [reader.read_file(p).heartbeat_ticks for p in reader.files_in(directory)]
 
     before, deadline = ticks(), time.monotonic() + timeout
     while time.monotonic() < deadline:

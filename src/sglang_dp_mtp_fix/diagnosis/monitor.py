@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from sglang_dp_mtp_fix.diagnosis import recfile
+from sglang_dp_mtp_fix.diagnosis import reader, recfile
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
 
@@ -172,17 +172,16 @@ class Monitor:
 
 def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]]:
     """The other ranks' heartbeats readable in this host's recorder directory: (stale, live), as ``dp<R>(...)``."""
-    from sglang_dp_mtp_fix import rollcall
     from sglang_dp_mtp_fix.diagnosis import recorder
 
     rec = recorder.active()
     if rec is None or rec.path is None:
         return [], []
     now_wall = time.time() if now_wall is None else now_wall
-    newest: dict[int, rollcall.RankFile] = {}
-    for path in rollcall.files_in(rec.directory):
+    newest: dict[int, reader.RankFile] = {}
+    for path in reader.files_in(rec.directory):
         try:
-            f = rollcall.read_file(path)
+            f = reader.read_file(path)
         except Exception:  # noqa: BLE001 - a peer's unreadable file is just not named
             continue
         if f.pid == os.getpid() or (f.tp_rank in newest and newest[f.tp_rank].start_unix > f.start_unix):
@@ -194,7 +193,7 @@ def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]
         name = f"dp{f.dp_rank}" if f.dp_size == f.tp_size else f"tp{f.tp_rank}"
         if age is None or age > recfile.HEARTBEAT_STALE_S:
             stale.append(f"{name}(pid={f.pid},heartbeat_age_s={'none' if age is None else f'{age:.1f}'},"
-                         f"state={rollcall.process_state(f)})")  # fmt: skip
+                         f"state={reader.process_state(f)})")  # fmt: skip
         else:
             live.append(name)
     return stale, live
