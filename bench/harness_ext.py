@@ -56,15 +56,10 @@ Snapshot = list[tuple[Any, str, Any]]
 
 
 def _snapshot() -> Snapshot:
-    """The live values of every attribute the plugin replaced in this process (bench only: the manager's own
-    records, which carry the re-pointed copies the public ``changes()`` view leaves out)."""
+    """The live values of every attribute the plugin replaced in this process, the re-pointed copies included."""
     from sglang_dp_mtp_fix import plugin as p
 
-    out: Snapshot = []
-    for ch in p.get_manager()._changes._changes:  # noqa: SLF001
-        out.append((ch.owner, ch.attr, ch.new))
-        out.extend((mod, name, ch.new) for mod, name in ch.rebinds)
-    return out
+    return p.get_manager().live_values()
 
 
 def _switch(snapshot: Snapshot) -> None:

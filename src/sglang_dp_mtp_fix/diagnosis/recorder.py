@@ -66,7 +66,7 @@ from sglang_dp_mtp_fix.diagnosis.recfile import (
     SYNC,
     U32,
 )
-from sglang_dp_mtp_fix.versions import sglang_version
+from sglang_dp_mtp_fix.sglang_versions import sglang_version
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
 
