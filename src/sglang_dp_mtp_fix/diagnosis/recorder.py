@@ -340,12 +340,9 @@ def instrument(
     local_vote: ContextVar[bool | None],
 ) -> tuple[_L, _U, _G]:
     """The vote's three wrappers, recording when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set (``configure``); unchanged
-    otherwise.
-
-    Decided at load: without the variable the vote path carries no recording code at all."""
+    otherwise. Decided at load: without the variable the vote path carries no recording code at all."""
     global load_problem, _active
-    load_problem = None
-    _active = None
+    load_problem, _active = None, None
     if not _directory:
         return local_row, update_batch, runner_gate
     problem = check_directory(_directory)
