@@ -263,8 +263,9 @@ def can_run_graph_time() -> dict:
     from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_dp_mtp_fix import plugin, recorder
+    from sglang_dp_mtp_fix import plugin
     from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
+    from sglang_dp_mtp_fix.diagnosis import recorder
     from sglang_dp_mtp_fix.harness.standins import draft_runner_standin
 
     runner = draft_runner_standin(EAGLEDraftCudaGraphRunner, SpeculativeAlgorithm.from_string("EAGLE"))

@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from sglang_dp_mtp_fix import monitor
+from sglang_dp_mtp_fix.diagnosis import monitor
 from sglang_dp_mtp_fix.harness import rank
 
 _MONITOR_START = monitor.Monitor.start
@@ -56,15 +56,10 @@ Snapshot = list[tuple[Any, str, Any]]
 
 
 def _snapshot() -> Snapshot:
-    """The live values of every attribute the plugin replaced in this process (bench only: the manager's own
-    records, which carry the re-pointed copies the public ``changes()`` view leaves out)."""
+    """The live values of every attribute the plugin replaced in this process, the re-pointed copies included."""
     from sglang_dp_mtp_fix import plugin as p
 
-    out: Snapshot = []
-    for ch in p.get_manager()._changes._changes:  # noqa: SLF001
-        out.append((ch.owner, ch.attr, ch.new))
-        out.extend((mod, name, ch.new) for mod, name in ch.rebinds)
-    return out
+    return p.get_manager().live_values()
 
 
 def _switch(snapshot: Snapshot) -> None:
@@ -79,7 +74,7 @@ def interleaved_rounds(payload: dict[str, Any]) -> dict[str, Any]:
     follow one another are seconds apart in the block protocol and microseconds apart here, so slow drifts of a shared
     host cancel in each cycle's differences. Returns each arm's round CPU times (µs) by cycle, and what the recorder
     wrote (so a hollow run, one whose recorder arm never recorded, is refused by the caller)."""
-    from sglang_dp_mtp_fix import recorder
+    from sglang_dp_mtp_fix.diagnosis import recorder
 
     arms, states = payload["arms"], payload["states"]
     times: dict[str, list[float]] = {name: [] for name, _ in arms}
@@ -126,7 +121,7 @@ def _with_private_ring(apply: Callable[[rank.PluginRequest], dict[str, Any]]) ->
     (``bench.py --recorder-split``)."""
 
     def command(request: rank.PluginRequest) -> dict[str, Any]:
-        from sglang_dp_mtp_fix import recorder
+        from sglang_dp_mtp_fix.diagnosis import recorder
 
         result = apply(request)
         rec = recorder.active()

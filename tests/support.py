@@ -35,11 +35,11 @@ def written(directory: str, ranks: int, rounds: int, timeout: float = 30) -> Non
     each ring out once a heartbeat (issue 45), so a file lags its process by up to a second."""
     import time
 
-    from sglang_dp_mtp_fix import rollcall
+    from sglang_dp_mtp_fix.diagnosis import reader
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        got = [rollcall.read_file(p) for p in rollcall.files_in(directory)]
+        got = [reader.read_file(p) for p in reader.files_in(directory)]
         if len(got) == ranks and all(f.entered >= rounds and f.last_round == rounds for f in got):
             return
         time.sleep(0.1)

@@ -11,7 +11,6 @@ from sglang_dp_mtp_fix.config import (
     REPORT_DIR_ENV,
     SKIP_ENV,
     ArrivalSeed,
-    ConfigError,
     Mode,
     load_config,
     parse_arrival_seed,
@@ -21,6 +20,7 @@ from sglang_dp_mtp_fix.config import (
     parse_skip,
     unknown_variables,
 )
+from sglang_dp_mtp_fix.errors import ConfigError
 
 IDS = ("future_seed_authority", "eager_draft_gate", "draft_graph_vote")
 

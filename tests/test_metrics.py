@@ -7,7 +7,8 @@ import pytest
 from support import affected_only
 from test_stats import SCRIPT, SEEDED
 
-from sglang_dp_mtp_fix import __version__, metrics
+from sglang_dp_mtp_fix import __version__
+from sglang_dp_mtp_fix.diagnosis import metrics
 
 pytestmark = affected_only
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -103,7 +104,7 @@ def test_liveness_gauge_and_stall_counter_follow_the_monitor(tmp_path, monkeypat
     this process the way a scheduler creates them; the multiprocess read-back is the launch tier's)."""
     from types import SimpleNamespace
 
-    from sglang_dp_mtp_fix import monitor
+    from sglang_dp_mtp_fix.diagnosis import monitor
 
     scheduler = SimpleNamespace(metrics_collector=SimpleNamespace(labels=rank_labels(1)))
     watcher = monitor.Monitor(stall_s=5, dp_rank=1)

@@ -16,18 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dp_mtp_fix import monitor, recfile, rollcall
+from sglang_dp_mtp_fix import rollcall
 from sglang_dp_mtp_fix.config import STALL_ENV, load_config
+from sglang_dp_mtp_fix.diagnosis import monitor, reader, recfile
 
 HELD_WRITER = """
 import sys, threading
 from contextvars import ContextVar
-from sglang_dp_mtp_fix import recorder
+from sglang_dp_mtp_fix.diagnosis import recorder, wiring
 from sglang_dp_mtp_fix.config import Config
 
 rank, rounds = int(sys.argv[2]), int(sys.argv[3])
 same = lambda *a, **k: None
-recorder.instrument(Config(recorder_dir=sys.argv[1]), same, same, same, "d", "g", ContextVar("v"))
+wiring.configure(Config(recorder_dir=sys.argv[1], stall_s=None))  # the plugin's settings, as register() sets them
+recorder.instrument(same, same, same, "d", "g", ContextVar("v"))
 rec = recorder.active()
 rec.open(None, ranks=(rank, 2, rank, 2, rank))  # starts the monitor thread (the heartbeat)
 for _ in range(rounds):
@@ -67,10 +69,10 @@ def writers(tmp_path):
     w.stop()
 
 
-def wait_heartbeats(directory: Path, count: int, ticks: int = 2, timeout: float = 30) -> list[rollcall.RankFile]:
+def wait_heartbeats(directory: Path, count: int, ticks: int = 2, timeout: float = 30) -> list[reader.RankFile]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        got = [rollcall.read_file(p) for p in rollcall.files_in(str(directory))]
+        got = [reader.read_file(p) for p in reader.files_in(str(directory))]
         if len(got) == count and all(f.heartbeat_ticks >= ticks for f in got):
             return got
         time.sleep(0.2)
@@ -93,9 +95,9 @@ def test_held_ranks_keep_ticking_then_rollcall_names_the_frozen_and_the_dead_ran
         data, code = rollcall.rollcall([str(tmp_path)])
         assert code == 1 and data["verdict"] == "stopped" and data["stopped_ranks"] == [1], data["answer"]
         assert f"DP rank 1 stopped: frozen (pid {one.pid} is stopped: SIGSTOP or a debugger)" in data["answer"]
-        frozen_at = rollcall.read_file(next(r["file"] for r in data["ranks"] if r["rank"] == 1)).heartbeat_ticks
+        frozen_at = reader.read_file(next(r["file"] for r in data["ranks"] if r["rank"] == 1)).heartbeat_ticks
         time.sleep(recfile.HEARTBEAT_STALE_S + 1)
-        f1 = rollcall.read_file(next(r["file"] for r in data["ranks"] if r["rank"] == 1))
+        f1 = reader.read_file(next(r["file"] for r in data["ranks"] if r["rank"] == 1))
         assert f1.heartbeat_ticks == frozen_at  # no tick while stopped ...
         data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
         assert data["ranks"][1]["heartbeat_behind_s"] > recfile.HEARTBEAT_STALE_S, data["ranks"]  # ... rank 0 ticks

@@ -204,4 +204,5 @@ def test_compare_names_statuses_fingerprints_and_missing_ranks():
 
 
 def test_no_process_group_means_no_check():
-    peers.check([Outcome("p1", Status.APPLIED, "")], {}, 1)  # single process: returns silently, no store needed
+    # a single process: nothing published, nothing waited for (no store needed), nothing agreed
+    assert peers.check([Outcome("p1", Status.APPLIED, "")], {}, 1) is None

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 from support import affected_only, written
 
-from sglang_dp_mtp_fix import recfile, recorder, rollcall
+from sglang_dp_mtp_fix import rollcall
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
+from sglang_dp_mtp_fix.diagnosis import reader, recfile, recorder
 from sglang_dp_mtp_fix.errors import RecorderFileError
 
 SEEDED = {"kind": "decode", "seed": True, "num_reqs": 3}
@@ -62,8 +63,8 @@ def test_injected_divergence_is_named_by_round_and_rank(rank_pool, tmp_path):
     assert [r["last_round"] for r in data["ranks"]] == [12] * 4 and not data["missing_ranks"]
     assert data["verdict"] == "diverge" and "stopped_ranks" not in data, data["answer"]
     # The seedless round before it is recorded as what it was: every rank eager, caused by rank 1's own batch.
-    rank1 = rollcall.read_file(str(next(p for p in files(tmp_path) if "-dp1-" in p.name)))
-    rank0 = rollcall.read_file(str(next(p for p in files(tmp_path) if "-dp0-" in p.name)))
+    rank1 = reader.read_file(str(next(p for p in files(tmp_path) if "-dp1-" in p.name)))
+    rank0 = reader.read_file(str(next(p for p in files(tmp_path) if "-dp0-" in p.name)))
     assert (
         rank1.records[5].as_dict()["draft_vote_sent"] is False and rank1.records[5].as_dict()["draft_path"] == "eager"
     )
@@ -84,7 +85,7 @@ def test_patched_arm_agrees_and_records_what_each_rank_did(rank_pool, tmp_path):
         results = rank_pool.run_trace(trace, collective=False)
         written(str(tmp_path), 4, 60)
         data, code = rollcall.rollcall([str(tmp_path)], settle_s=0)
-        by_rank = {f.dp_rank: f for f in map(recorder.read_file, map(str, files(tmp_path)))}
+        by_rank = {f.dp_rank: f for f in map(reader.read_file, map(str, files(tmp_path)))}
     finally:
         rank_pool.plugin("restore")
     assert code == 0, data["answer"]
@@ -203,11 +204,12 @@ def test_a_round_stored_as_words_is_the_record_layout_byte_for_byte(tmp_path):
 WRITER = """
 import sys
 from contextvars import ContextVar
-from sglang_dp_mtp_fix import recorder
+from sglang_dp_mtp_fix.diagnosis import recorder, wiring
 from sglang_dp_mtp_fix.config import Config
 
 same = lambda *a, **k: None
-recorder.instrument(Config(recorder_dir=sys.argv[1]), same, same, same, "d", "g", ContextVar("v"))
+wiring.configure(Config(recorder_dir=sys.argv[1], stall_s=None))  # the plugin's settings, as register() sets them
+recorder.instrument(same, same, same, "d", "g", ContextVar("v"))
 rec = recorder.active()  # the process's recorder, as a scheduler has it: open starts the heartbeat's write-out
 rec.open(None, ranks=(3, 4, 3, 4, 3))
 print("open", flush=True)
@@ -230,16 +232,16 @@ class Writer:
         )
         assert self.proc.stdout is not None and self.proc.stdout.readline() == b"open\n"
 
-    def newest(self) -> rollcall.RankFile | None:
+    def newest(self) -> reader.RankFile | None:
         got = []
         for path in files(self.directory):
             try:
-                got.append(rollcall.read_file(str(path)))
+                got.append(reader.read_file(str(path)))
             except (OSError, RecorderFileError):  # cut by the test's own truncation, until rewritten
                 continue
         return max(got, key=lambda f: (f.start_unix, f.last_round), default=None)
 
-    def past(self, round_: int, timeout: float = 30) -> rollcall.RankFile:
+    def past(self, round_: int, timeout: float = 30) -> reader.RankFile:
         """Until the newest file of the writer holds a record after ``round_`` (the writer alive all along)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -265,7 +267,7 @@ def test_a_rank_killed_mid_run_leaves_a_readable_file(tmp_path):
         assert writer.proc.wait(30) == -signal.SIGKILL
     finally:
         writer.stop()
-    dead = rollcall.read_file(str(files(tmp_path)[0]))
+    dead = reader.read_file(str(files(tmp_path)[0]))
     assert dead.last_round > 5000 and dead.pid == writer.proc.pid and dead.dp_rank == 3
     assert len(dead.records) + dead.skipped == dead.capacity and dead.skipped <= 1  # at most the record being written
     for r, rec in dead.records.items():
@@ -300,7 +302,7 @@ def test_the_writer_survives_its_file_truncated_chmodded_replaced_and_deleted(tm
         writer.stop()
 
 
-def file_size(f: rollcall.RankFile) -> int:
+def file_size(f: reader.RankFile) -> int:
     return recfile.HEADER_SIZE + f.capacity * recfile.RECORD.size
 
 
@@ -317,7 +319,7 @@ def test_the_variable_takes_an_absolute_path_or_nothing():
 
 FULL_DISK_WRITER = """
 import sys
-from sglang_dp_mtp_fix import recorder
+from sglang_dp_mtp_fix.diagnosis import recorder
 rec = recorder.Recorder(sys.argv[1])
 rec.open(None, ranks=(0, 2, 0, 2, 0))
 for _ in range(2 * rec.capacity):  # every slot of the ring, twice

@@ -14,7 +14,8 @@ import pytest
 from support import release_free
 from test_recorder import EAGER, GRAPH, files, write_rank
 
-from sglang_dp_mtp_fix import cli, recfile, recorder, rollcall
+from sglang_dp_mtp_fix import cli, rollcall
+from sglang_dp_mtp_fix.diagnosis import reader, recfile, recorder, verdicts
 from sglang_dp_mtp_fix.errors import RecorderFileError
 
 
@@ -61,7 +62,7 @@ def test_rollcall_exit_codes_text_and_json(tmp_path, capsys):
 def test_forward_mode_values_are_sglangs():
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    assert rollcall._MODES == {ForwardMode.DECODE.value, ForwardMode.IDLE.value}
+    assert verdicts._MODES == {ForwardMode.DECODE.value, ForwardMode.IDLE.value}
 
 
 def test_reader_refuses_truncated_garbage_and_foreign_files_and_reads_the_rest(tmp_path):
@@ -91,7 +92,7 @@ def test_reader_refuses_truncated_garbage_and_foreign_files_and_reads_the_rest(t
         path = junk / f"sglang-dp-mtp-fix-{name}.rec"
         path.write_bytes(content)
         try:
-            rollcall.read_file(str(path))
+            reader.read_file(str(path))
             outcomes["read"] += 1
         except RecorderFileError:
             outcomes["refused"] += 1
@@ -101,13 +102,13 @@ def test_reader_refuses_truncated_garbage_and_foreign_files_and_reads_the_rest(t
     (junk / "sglang-dp-mtp-fix-dir.rec").mkdir()
     for name in ("fifo", "link", "dir"):
         with pytest.raises(RecorderFileError, match="not a regular file"):
-            rollcall.read_file(str(junk / f"sglang-dp-mtp-fix-{name}.rec"))
+            reader.read_file(str(junk / f"sglang-dp-mtp-fix-{name}.rec"))
     (junk / "foreign.rec").write_bytes(b"PK\x03\x04" + bytes(2000))  # e.g. a zip someone named .rec
     with pytest.raises(RecorderFileError, match="not a flight-recorder file"):
-        rollcall.read_file(str(junk / "foreign.rec"))
+        reader.read_file(str(junk / "foreign.rec"))
     with pytest.raises(RecorderFileError, match="truncated or padded: 300 bytes, the header promises 1024"):
         (junk / "t.rec").write_bytes(valid[:300])
-        rollcall.read_file(str(junk / "t.rec"))
+        reader.read_file(str(junk / "t.rec"))
     # The good ranks are still read beside all of it (only the two good files are whole ranks of one deployment: the
     # bit-flipped copies that still read are rank 0's file again, older or newer, or another shape).
     data, code = rollcall.rollcall([str(good), str(junk)], settle_s=0)
@@ -311,7 +312,8 @@ def test_liveness_is_each_files_own_counter_never_a_clock_of_another_host(tmp_pa
         assert "stopped_ranks" not in json.loads(out), out
         tickers[1].stop.set()  # node-b's rank stops ticking: named (by its counter) after the watch
         tickers[1].thread.join()
-        monkeypatch.setattr(rollcall, "HEARTBEAT_STALE_S", 1.0)
+        monkeypatch.setattr(reader, "HEARTBEAT_STALE_S", 1.0)  # the watch's bound
+        monkeypatch.setattr(verdicts, "HEARTBEAT_STALE_S", 1.0)  # and the liveness verdict's
         code, out = run_rollcall(capsys, str(tmp_path), "--settle", "0.5", "--json")
         data = json.loads(out)
         assert code == 1 and data["stopped_ranks"] == [1], data["answer"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from support import affected_only
 
-from sglang_dp_mtp_fix import stats
+from sglang_dp_mtp_fix.diagnosis import stats
 
 pytestmark = affected_only
 

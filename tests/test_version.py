@@ -119,10 +119,10 @@ def test_the_installed_version_is_this_checkouts_build_everywhere_it_is_shown(ca
     assert f"sglang-dp-mtp-fix {__version__} on SGLang" in report.summary_line([], Config())
     from test_recorder import GRAPH, files, write_rank
 
-    from sglang_dp_mtp_fix import rollcall
+    from sglang_dp_mtp_fix.diagnosis import reader
 
     write_rank(tmp_path, 0, 1, [GRAPH])
-    assert rollcall.read_file(str(files(tmp_path)[0])).plugin_version == __version__
+    assert reader.read_file(str(files(tmp_path)[0])).plugin_version == __version__
 
 
 @pytest.mark.parametrize("hook", ["get_requires_for_build_wheel", "get_requires_for_build_sdist",

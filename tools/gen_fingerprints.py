@@ -29,7 +29,7 @@ from sglang_dp_mtp_fix.fingerprint import (  # noqa: E402
     text_digest,
 )
 from sglang_dp_mtp_fix.patches import all_patches  # noqa: E402
-from sglang_dp_mtp_fix.releases import FINGERPRINTED_RELEASES  # noqa: E402
+from sglang_dp_mtp_fix.sglang_versions import FINGERPRINTED_RELEASES  # noqa: E402
 
 OUT = ROOT / "src" / "sglang_dp_mtp_fix" / "fingerprints" / "sglang.json"
 

@@ -24,7 +24,6 @@ from typing import Any, NoReturn
 
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.doctor import doctor_lines, doctor_report
-from sglang_dp_mtp_fix.doctor import entry_point_selected as entry_point_selected  # re-exported: its old home
 from sglang_dp_mtp_fix.harness import fuzz
 from sglang_dp_mtp_fix.rollcall import escape
 

@@ -27,7 +27,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sglang_dp_mtp_fix.errors import ConfigError as ConfigError  # re-exported: its old home
+from sglang_dp_mtp_fix.errors import ConfigError
 
 MODE_ENV = "SGLANG_DP_MTP_FIX"
 SKIP_ENV = "SGLANG_DP_MTP_FIX_SKIP"

@@ -35,12 +35,13 @@ from sglang_dp_mtp_fix.config import (
     STATS_ENV,
     ArrivalSeed,
     Config,
-    ConfigError,
     Mode,
     load_config,
     parse_metrics,
     parse_mode,
 )
+from sglang_dp_mtp_fix.errors import ConfigError
+from sglang_dp_mtp_fix.sglang_versions import sglang_version
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "dp_mtp_fix"
@@ -99,7 +100,8 @@ class DirectoryProblem:
 def directory_problems(config: Config, recording: bool) -> list[DirectoryProblem]:
     """The report and recorder directories under the launch's own checks (``recording``: a patch that records
     applies here, so the launch checks the recorder directory at load)."""
-    from sglang_dp_mtp_fix import recorder, report
+    from sglang_dp_mtp_fix import report
+    from sglang_dp_mtp_fix.diagnosis import recorder
 
     found = []
     if config.report_dir:
@@ -156,7 +158,6 @@ def decide(f: Facts) -> tuple[int, str]:
 
 
 def doctor_report(environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], int]:
-    from sglang_dp_mtp_fix import report
     from sglang_dp_mtp_fix.core import Status, plan
     from sglang_dp_mtp_fix.patches import PATCH_IDS, all_patches
     from sglang_dp_mtp_fix.plugin import WATCHED_BY
@@ -169,7 +170,7 @@ def doctor_report(environ: Mapping[str, str] | None = None) -> tuple[dict[str, A
     recording = any(o.id in WATCHED_BY and o.status is Status.APPLIED for o in outcomes)
     directories = directory_problems(config, recording) if not config.error else []
     data: dict[str, Any] = {
-        "sglang_version": report.sglang_version(),
+        "sglang_version": sglang_version(),
         "plugin_version": __version__,
         "mode": config.mode.value if _mode_read(env) else None,
         "skip": sorted(config.skip),

@@ -18,9 +18,10 @@ import logging
 import threading
 from typing import Any
 
-from sglang_dp_mtp_fix import _version, metrics, monitor, peers, recorder, report, stats, transport
+from sglang_dp_mtp_fix import _version, peers, report, transport
 from sglang_dp_mtp_fix.config import Config, load_config, settings, unknown_line
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, groups
+from sglang_dp_mtp_fix.diagnosis import metrics, monitor, recorder, stats, wiring
 from sglang_dp_mtp_fix.errors import StartupHazard as StartupHazard  # re-exported: its old home
 from sglang_dp_mtp_fix.errors import StrictModeAbort as StrictModeAbort
 from sglang_dp_mtp_fix.patches import _startup_checks, all_patches
@@ -51,6 +52,7 @@ def register() -> list[Outcome]:
     if config.unknown and not config.strict:  # strict: a configuration error, the problem line below
         report.logger.warning("sglang-dp-mtp-fix: %s", unknown_line(config.unknown))
     manager.on_deferred = functools.partial(_deferred_outcome, manager, config)
+    wiring.configure(config)  # the diagnosis's settings, before the vote's wrappers are built from them
     outcomes = manager.apply(config)
     problem = report.problem_line(outcomes, config)
     # The flight recorder's directory is checked when the vote is built (at load), under the report files' rules.
@@ -105,11 +107,7 @@ def restore() -> None:
     """Put SGLang back to stock (tests; operators use SGLANG_DP_MTP_FIX=off)."""
     global last_config, _report_path, _report_line
     get_manager().restore()
-    stats.deactivate()
-    monitor.stop()
-    rec = recorder.active()
-    if rec is not None:
-        rec.close()
+    wiring.stop()
     if _report_line is not None:
         _report_line.remove()
     last_config = None

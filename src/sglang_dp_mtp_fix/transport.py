@@ -51,7 +51,7 @@ def _overlap_disabled(server_args: Any) -> bool:
 def describe(scheduler: Any, vote: str) -> str:
     import torch.distributed as dist
 
-    from sglang_dp_mtp_fix.patches._startup_checks import _mlp_tp_gather
+    from sglang_dp_mtp_fix.patches._startup_checks import mlp_tp_gather
 
     server_args = scheduler.server_args
     dp_size = int(getattr(server_args, "dp_size", 1) or 1)
@@ -72,13 +72,13 @@ def describe(scheduler: Any, vote: str) -> str:
             f"{dist.get_backend(group)} on {name} (size {dist.get_world_size(group)}, group rank "
             f"{dist.get_rank(group)}, global rank {dist.get_rank()})"
         )
-    target = _mlp_tp_gather(server_args)
+    target = mlp_tp_gather(server_args)
     draft: Any = "-"
     if getattr(scheduler, "draft_worker", None) is not None:
         from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context
 
         with speculative_moe_a2a_backend_context():
-            draft = _mlp_tp_gather(server_args)
+            draft = mlp_tp_gather(server_args)
     return (
         f"sglang-dp-mtp-fix: MLP-sync transport: {where}; overlap {'on' if overlap else 'off'}; MLP gather target="
         f"{target} draft={draft}; draft-graph vote {vote}"

@@ -69,11 +69,11 @@ def patched(gaps_path, launch_tmp, launch_timings):
 
 def recorder_rollcall(server) -> dict:
     """The flight recorder, read while the server runs: rollcall over its directory, and its schedulers alive."""
-    from sglang_dp_mtp_fix import recorder
+    from sglang_dp_mtp_fix import rollcall
 
     directory = str(server.log_path.parent / "patched-recorder")
     written_out(directory)
-    data, code = recorder.rollcall([directory])
+    data, code = rollcall.rollcall([directory])
     alive = []
     for rank in data["ranks"]:
         try:
@@ -87,10 +87,10 @@ def recorder_rollcall(server) -> dict:
 def written_out(directory: str, timeout: float = 30) -> None:
     """Until every file was written out after this call (the ring goes out with each heartbeat, issue 45; two ticks:
     the first may have been taken before this call), so it holds every round the counters read before it."""
-    from sglang_dp_mtp_fix import rollcall
+    from sglang_dp_mtp_fix.diagnosis import reader
 
     def ticks() -> list[int]:
-        return [rollcall.read_file(p).heartbeat_ticks for p in rollcall.files_in(directory)]
+        return [reader.read_file(p).heartbeat_ticks for p in reader.files_in(directory)]
 
     before, deadline = ticks(), time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -292,7 +292,9 @@ def test_recorder_files_of_both_ranks_while_running_and_rollcall_agrees_with_the
     assert data["answer"].startswith("all 2 ranks agreed up to round "), data["answer"]
     # The files stay readable after the launch was stopped (SIGTERM, then SIGKILL to the group): the same records and
     # agreement, and the heartbeats read first name both ranks as stopped (dead), so the answer is exit 1, not "agree".
-    after, code = __import__("sglang_dp_mtp_fix.recorder").recorder.rollcall([live["dir"]])
+    from sglang_dp_mtp_fix import rollcall
+
+    after, code = rollcall.rollcall([live["dir"]])
     assert [r["records"] for r in after["ranks"]] == [r["records"] for r in data["ranks"]], after
     assert code == 1 and after["verdict"] == "stopped" and after["stopped_ranks"] == [0, 1], after
     assert [r["process"] for r in after["ranks"]] == ["dead", "dead"] and "divergence" not in after, after

@@ -28,8 +28,9 @@ from releases import AFFECTED, LAUNCHES_HERE, NOT_YET, SGLANG_VERSION, SUPERSEDE
 from soaklib import probe_pythonpath
 
 from sglang_dp_mtp_fix import rollcall
-from sglang_dp_mtp_fix.monitor import IDLE_FLOOR_S
-from sglang_dp_mtp_fix.recfile import HEARTBEAT_PERIOD_S, HEARTBEAT_STALE_S
+from sglang_dp_mtp_fix.diagnosis import reader
+from sglang_dp_mtp_fix.diagnosis.monitor import IDLE_FLOOR_S
+from sglang_dp_mtp_fix.diagnosis.recfile import HEARTBEAT_PERIOD_S, HEARTBEAT_STALE_S
 
 # A patched release, and one where SGLang's own vote decides (upstream_vote_watch)
 STALL_RELEASES = ("0.5.20", "0.5.23")
@@ -116,14 +117,14 @@ class IdleRun:
     served: dict
 
 
-def _idle_freeze(server, ranks: dict[int, rollcall.RankFile], stopped_pid: int) -> IdleRun:  # noqa: ANN001
+def _idle_freeze(server, ranks: dict[int, reader.RankFile], stopped_pid: int) -> IdleRun:  # noqa: ANN001
     """The group idle, every rank asleep between rounds, longer than any stall threshold: no stall line. Then DP rank
     1 frozen while idle and a request sent to DP rank 0: its stall line, where=between_rounds; SIGCONT serves it."""
     mark = len(server.log)
-    before = [rollcall.read_file(ranks[r].path).entered for r in (0, 1)]
+    before = [reader.read_file(ranks[r].path).entered for r in (0, 1)]
     t0 = time.monotonic()
     time.sleep(IDLE_WATCH_S)  # the only wait that is a duration: the absence of a line is what is checked
-    after = [rollcall.read_file(ranks[r].path).entered for r in (0, 1)]
+    after = [reader.read_file(ranks[r].path).entered for r in (0, 1)]
     rates = [(a - b) / (time.monotonic() - t0) for a, b in zip(after, before, strict=True)]
     asleep = [_fields(m["fields"]) for m in ANY_STALL_LINE.finditer(server.log, mark)]
     mark = len(server.log)
@@ -148,23 +149,23 @@ def _idle_freeze(server, ranks: dict[int, rollcall.RankFile], stopped_pid: int) 
                    done_while_frozen, served)  # fmt: skip
 
 
-def _written_out(path: str) -> rollcall.RankFile:
+def _written_out(path: str) -> reader.RankFile:
     """The file once written out after this call (two heartbeats: the ring goes out with each, issue 45), so it holds
     every round its rank ran before the call."""
-    ticks = rollcall.read_file(path).heartbeat_ticks
-    return _wait_for("a write-out", lambda: (f := rollcall.read_file(path)).heartbeat_ticks >= ticks + 2 and f, 30)
+    ticks = reader.read_file(path).heartbeat_ticks
+    return _wait_for("a write-out", lambda: (f := reader.read_file(path)).heartbeat_ticks >= ticks + 2 and f, 30)
 
 
-def _hold_both_in_one_round(server, ranks: dict[int, rollcall.RankFile], hold_file) -> tuple[dict, int]:  # noqa: ANN001
+def _hold_both_in_one_round(server, ranks: dict[int, reader.RankFile], hold_file) -> tuple[dict, int]:  # noqa: ANN001
     """Phase 0: hold DP rank 0 before its batch while a request decodes on each rank; once neither rank's entered
     round moves, ``rollcall`` (its own settle window) must find both alive in one round. Released before the return,
     and shorter than STALL_S, so no stall line of its own."""
 
     def entered() -> tuple[int, ...]:
-        return tuple(rollcall.read_file(ranks[r].path).entered for r in (0, 1))
+        return tuple(reader.read_file(ranks[r].path).entered for r in (0, 1))
 
     def written() -> tuple[tuple[int, ...], tuple[int, ...]]:  # (entered, heartbeat ticks) of both files
-        files = [rollcall.read_file(ranks[r].path) for r in (0, 1)]
+        files = [reader.read_file(ranks[r].path) for r in (0, 1)]
         return tuple(f.entered for f in files), tuple(f.heartbeat_ticks for f in files)
 
     with ThreadPoolExecutor(2) as pool:
@@ -212,10 +213,10 @@ def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
             pytest.fail(f"stall: server never became ready; log tail:\n{server.log[-4000:]}")
         launch_timings["stall_ready"] = round(server.ready_s or 0, 1)
 
-        def files() -> dict[int, rollcall.RankFile]:
+        def files() -> dict[int, reader.RankFile]:
             got = {}
-            for path in rollcall.files_in(str(rec_dir)):
-                f = rollcall.read_file(path)
+            for path in reader.files_in(str(rec_dir)):
+                f = reader.read_file(path)
                 got[f.dp_rank] = f
             return got if set(got) == {0, 1} and all(f.heartbeat_ticks for f in got.values()) else {}
 
@@ -228,7 +229,7 @@ def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
             # Both ranks decode: rounds with a batch are recorded on the rank that will stop
             _wait_for(
                 "rank 1 decoding",
-                lambda: rollcall.read_file(ranks[STOPPED_RANK].path).last_round > base + 3,
+                lambda: reader.read_file(ranks[STOPPED_RANK].path).last_round > base + 3,
                 120,
                 lambda: server.log,
             )
@@ -253,7 +254,7 @@ def run(gaps_path, launch_tmp, launch_timings) -> StallRun:
         idle = _idle_freeze(server, ranks, stopped_pid)
         launch_timings["stall_idle_phase"] = round(time.monotonic() - t_idle, 1)
         os.kill(stopped_pid, signal.SIGKILL)
-        _wait_for("rank 1 gone", lambda: rollcall.process_state(ranks[STOPPED_RANK]) == "dead", 30)
+        _wait_for("rank 1 gone", lambda: reader.process_state(ranks[STOPPED_RANK]) == "dead", 30)
         dead = rollcall.rollcall([str(rec_dir)], settle_s=0)
         launch_timings["stall"] = round(time.monotonic() - t0, 1)
         return StallRun(stopped_pid, stall_after_s, _fields(match["fields"]), _fields(recovery["fields"]), held,

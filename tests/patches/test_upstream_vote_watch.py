@@ -16,8 +16,9 @@ import pytest
 from releases import SGLANG_VERSION, SUPERSEDED
 from support import written
 
-from sglang_dp_mtp_fix import monitor, recorder, rollcall
+from sglang_dp_mtp_fix import rollcall
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
+from sglang_dp_mtp_fix.diagnosis import monitor, reader, recorder
 
 pytestmark = pytest.mark.skipif(
     SGLANG_VERSION not in SUPERSEDED, reason=f"SGLang's own draft vote decides only on {', '.join(SUPERSEDED)}"
@@ -57,7 +58,7 @@ def test_records_sglangs_own_votes_changes_none_and_rollcall_names_the_divergenc
     )
     assert [r["last_round"] for r in data["ranks"]] == [12] * 4 and not data["missing_ranks"]
     # The seedless round as SGLang decided it: rank 1's row voted no, the group's column no, every rank eager.
-    by_rank = {f.dp_rank: f for f in map(rollcall.read_file, map(str, files(tmp_path)))}
+    by_rank = {f.dp_rank: f for f in map(reader.read_file, map(str, files(tmp_path)))}
     seedless = {rank: f.records[5].as_dict() for rank, f in by_rank.items()}
     assert seedless[1]["draft_vote_sent"] is False and seedless[0]["draft_vote_sent"] is True, seedless
     assert {v["draft_vote_group"] for v in seedless.values()} == {False}, seedless

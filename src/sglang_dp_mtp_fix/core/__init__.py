@@ -49,7 +49,7 @@ from sglang_dp_mtp_fix.core.model import (
     TargetProblem,
 )
 from sglang_dp_mtp_fix.core.planning import Plan, groups, plan
-from sglang_dp_mtp_fix.releases import AFFECTED_RELEASES
+from sglang_dp_mtp_fix.sglang_versions import AFFECTED_RELEASES
 
 __all__ = [
     "AFFECTED_RELEASES",

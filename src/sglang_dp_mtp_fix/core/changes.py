@@ -51,6 +51,14 @@ class ChangeSet:
     def __iter__(self) -> Iterator[ChangeRecord]:
         return iter(self.records())
 
+    def live_values(self) -> list[tuple[Any, str, Any]]:
+        """(owner, attribute, value) of every attribute set, its ``from X import Y`` copies included."""
+        out: list[tuple[Any, str, Any]] = []
+        for ch in self._changes:
+            out.append((ch.owner, ch.attr, ch.new))
+            out.extend((mod, name, ch.new) for mod, name in ch.rebinds)
+        return out
+
     def records(self) -> list[ChangeRecord]:
         return [ChangeRecord(ch.owner, ch.attr, ch.original, ch.patch_id) for ch in self._changes]
 

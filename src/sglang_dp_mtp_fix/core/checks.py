@@ -27,7 +27,7 @@ from sglang_dp_mtp_fix.core.model import (
     TargetProblem,
     unsupported,
 )
-from sglang_dp_mtp_fix.releases import AFFECTED_RELEASES
+from sglang_dp_mtp_fix.sglang_versions import AFFECTED_RELEASES
 
 # Decorators SGLang itself puts on functions whose wrapper code lives outside SGLang (torch.inference_mode/no_grad,
 # contextlib.contextmanager).

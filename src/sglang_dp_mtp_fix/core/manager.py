@@ -54,6 +54,12 @@ class PatchManager:
         with self._lock:
             return self._changes.records()
 
+    def live_values(self) -> list[tuple[Any, str, Any]]:
+        """(owner, attribute, value) of every attribute set in this process, the ``from X import Y`` copies re-pointed
+        included (``changes`` leaves those out): what switching between two configurations in one process sets."""
+        with self._lock:
+            return self._changes.live_values()
+
     def install_seam(self, owner: Any, attr: str, new: Any) -> None:
         """Replace ``owner.attr`` by the plugin's own ``new`` (no patch's), undone by ``restore`` like the patches."""
         with self._lock:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sglang_dp_mtp_fix.config import Config
-from sglang_dp_mtp_fix.releases import AFFECTED_RELEASES
+from sglang_dp_mtp_fix.sglang_versions import AFFECTED_RELEASES
 
 MARKER = "__sglang_dp_mtp_fix_patch__"  # on each replacement: the id of the patch that installed it
 ORIGINAL = "__sglang_dp_mtp_fix_original__"  # on each replacement: the function it replaced (fingerprinted instead)

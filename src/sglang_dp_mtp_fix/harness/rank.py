@@ -184,7 +184,7 @@ Handler = Callable[[Any], Any]
 
 
 def _stats(request: PluginRequest) -> dict[str, Any]:
-    from sglang_dp_mtp_fix import stats
+    from sglang_dp_mtp_fix.diagnosis import stats
 
     counters = stats.active()
     return {"rank": CONTEXT.rank, "stats": counters.total.as_dict() if counters else None}
@@ -193,9 +193,10 @@ def _stats(request: PluginRequest) -> dict[str, Any]:
 def _export_metrics(request: PluginRequest) -> dict[str, Any]:
     """What the end of Scheduler.__init__ does when SGLang runs with --enable-metrics, for a scheduler whose metrics
     collector carries ``labels`` (the stand-in holds only what metrics.install reads)."""
-    from sglang_dp_mtp_fix import _version, metrics
+    from sglang_dp_mtp_fix import _version
     from sglang_dp_mtp_fix import plugin as p
     from sglang_dp_mtp_fix.config import PROMETHEUS_DIR_ENV
+    from sglang_dp_mtp_fix.diagnosis import metrics
 
     # Set before prometheus_client is imported (it picks multiprocess mode then, as in SGLang), unset after: a
     # later apply in this rank must not see metrics on.

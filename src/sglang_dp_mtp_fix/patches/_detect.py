@@ -12,7 +12,7 @@ import importlib.util
 import inspect
 
 from sglang_dp_mtp_fix.core import StandDown, Status, TargetProblem
-from sglang_dp_mtp_fix.versions import sglang_version
+from sglang_dp_mtp_fix.sglang_versions import sglang_version
 
 
 def _has_seedless_eager_fallback(draft_fn: object) -> bool:

@@ -59,7 +59,7 @@ def takes_server_args(require_mlp_tp_gather: Callable[..., Any]) -> bool:
     return any(p.kind in kinds for p in inspect.signature(require_mlp_tp_gather).parameters.values())
 
 
-def _mlp_tp_gather(server_args: Any) -> bool:
+def mlp_tp_gather(server_args: Any) -> bool:
     """SGLang's own ``require_mlp_tp_gather`` (takes the server args up to 0.5.17, reads the published ones after)."""
     from sglang.srt.utils.common import require_mlp_tp_gather
 
@@ -84,9 +84,9 @@ def draft_token_counts_hazard(scheduler: Any) -> str | None:
     server_args = getattr(scheduler, "server_args", None)
     if getattr(scheduler, "draft_worker", None) is None or not getattr(server_args, "enable_dp_attention", False):
         return None
-    target = _mlp_tp_gather(server_args)
+    target = mlp_tp_gather(server_args)
     with speculative_moe_a2a_backend_context():
-        draft = _mlp_tp_gather(server_args)
+        draft = mlp_tp_gather(server_args)
     if not draft or target:
         # Same answer: consistent. Target gathers, draft does not: the draft buckets per rank as a stock
         # no-gather (a2a) deployment does by design; not shown to split (docs/compatibility.md).

@@ -25,7 +25,7 @@ from typing import Any
 
 from sglang_dp_mtp_fix.config import ARRIVAL_SEED_ENV, ArrivalSeed, Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, StandDown, Status, Target, TargetProblem
-from sglang_dp_mtp_fix.releases import AFFECTED_RELEASES
+from sglang_dp_mtp_fix.sglang_versions import AFFECTED_RELEASES
 
 DECODE = "sglang.srt.disaggregation.decode"
 DISAGG_UTILS = "sglang.srt.disaggregation.utils"

@@ -22,9 +22,9 @@ import contextvars
 import functools
 from typing import Any
 
-from sglang_dp_mtp_fix import monitor, recorder, stats
 from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
+from sglang_dp_mtp_fix.diagnosis import monitor, recorder, stats
 from sglang_dp_mtp_fix.errors import MixedDeploymentError as MixedDeploymentError
 from sglang_dp_mtp_fix.patches._detect import classify_group
 from sglang_dp_mtp_fix.patches.eager_draft_gate import mark_pd_decode_batch
@@ -142,101 +142,19 @@ class DraftGraphVote(Patch):
         classify_group()
 
     def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
-        info_cls = resolved[LOCAL_ROW].owner
-        fields = getattr(info_cls, "__dataclass_fields__", {})
+        fields = getattr(resolved[LOCAL_ROW].owner, "__dataclass_fields__", {})
         # The decode vote's and the gathered tensor's field names differ per release: read whichever this one has.
         decode_field = "can_run_decode_cuda_graph" if "can_run_decode_cuda_graph" in fields else "can_cuda_graph"
         gathered_field = "tp0_info_cpu" if "tp0_info_cpu" in fields else "tp0_info"
-
-        sync_entry = resolved[SYNC_ENTRY].raw
-        local_row = resolved[LOCAL_ROW].raw
-        fallback_row = resolved[FALLBACK_ROW].raw
-        update_batch = resolved[UPDATE_BATCH].raw
-        forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
-        runner_gate = resolved[RUNNER_GATE].raw
-
-        # Rounds entered and finished, for the stall line (``monitor``: its thread reads them, nothing else here)
-        progress = monitor.configure(config.stall_s)
-
-        @functools.wraps(sync_entry)
-        def maybe_prepare_mlp_sync_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-            if batch is None:
-                vote = True
-            else:
-                mark_pd_decode_batch(batch)  # eager_draft_gate, immediately before the sync
-                vote = local_draft_vote(batch)
-            token = _local_vote.set(vote)
-            n = progress.entered = progress.entered + 1
-            try:
-                result = sync_entry(self, batch, *args, **kwargs)
-            finally:
-                _local_vote.reset(token)
-            progress.finished = n
-            progress.busy = result is not None  # the group had work (a rank without any gets an IDLE batch)
-            return result
-
-        @functools.wraps(local_row)
-        def _get_local_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
-            decode_vote = getattr(self, decode_field)  # host-side bool: no device read
-            if not decode_vote:
-                return local_row(self, *args, **kwargs)
-            # SGLang builds the row with int(<decode vote>): lend it the encoded value for that one call instead of
-            # writing into the tensor afterwards (no tensor op, and no device write on the device-group path).
-            setattr(self, decode_field, DECODE_YES_DRAFT_NO if _local_vote.get() is False else DECODE_YES_DRAFT_YES)
-            try:
-                return local_row(self, *args, **kwargs)
-            finally:
-                setattr(self, decode_field, decode_vote)
-
-        # SGLang's fallback row is constant (fingerprinted): encode it once per device and dtype and hand out copies
-        # (a fresh tensor per call, as SGLang's own: all_gather may build its gathered tensor as a view of it).
-        encoded_fallback: dict[tuple[Any, Any], Any] = {}
-
-        @functools.wraps(fallback_row)
-        def _get_fallback_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
-            key = (args[0] if args else kwargs.get("device"), args[1] if len(args) > 1 else kwargs.get("dtype"))
-            row = encoded_fallback.get(key)
-            if row is None:
-                row = fallback_row(self, *args, **kwargs)
-                row[DECODE_COLUMN] = DECODE_YES_DRAFT_YES  # inactive ranks vote yes
-                encoded_fallback[key] = row
-            return row.clone()
-
-        def round_vote(info: Any) -> bool:
-            """The group's draft vote from the rows SGLang gathered; the local vote when it gathered none."""
-            gathered = getattr(info, gathered_field, None)
-            if gathered is None or info.dp_size == 1:
-                return _local_vote.get() is not False
-            # <=0.5.17 keeps the gathered rows on the device: one small D2H here, none on 0.5.18+.
-            return decode_group_vote([row[DECODE_COLUMN] for row in gathered.tolist()])
-
-        # Decided at load: without SGLANG_DP_MTP_FIX_STATS and SGLang's --enable-metrics the wrapper carries no
-        # counting code at all.
-        counters = stats.activate(config.stats_every, for_metrics=config.export_metrics)
         # The generic vote's name on ScheduleBatch: can_run_dp_cuda_graph until 0.5.18, can_run_decode_cuda_graph after.
         batch_fields = getattr(resolved[SB_DEFAULT].owner, "__dataclass_fields__", {})
         generic_field = (
             "can_run_decode_cuda_graph" if "can_run_decode_cuda_graph" in batch_fields else "can_run_dp_cuda_graph"
         )
-
-        if counters is None:
-
-            @functools.wraps(update_batch)
-            def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
-                result = update_batch(batch, mlp_sync_info, *args, **kwargs)
-                setattr(batch, VOTE_ATTR, round_vote(mlp_sync_info))
-                return result
-
-        else:
-
-            @functools.wraps(update_batch)
-            def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
-                result = update_batch(batch, mlp_sync_info, *args, **kwargs)
-                vote = round_vote(mlp_sync_info)
-                setattr(batch, VOTE_ATTR, vote)
-                if batch.forward_mode.is_decode_or_idle():
-                    counters.record(bool(getattr(batch, generic_field, False)), vote, _local_vote.get() is not False)
-                return result
+        # Decided at load (the settings: ``diagnosis.wiring``, set by the plugin): without SGLANG_DP_MTP_FIX_STATS and
+        # SGLang's --enable-metrics the wrappers carry no counting code at all.
+        counters = stats.activate()
+        forward_init = resolved[FORWARD_INIT].raw.__func__  # a classmethod
 
         @functools.wraps(forward_init)
         def init_new(cls: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -244,46 +162,143 @@ class DraftGraphVote(Patch):
             forward_batch.can_run_dp_draft_cuda_graph = getattr(batch, VOTE_ATTR, True)
             return forward_batch
 
-        if counters is None:
-
-            @functools.wraps(runner_gate)
-            def can_run_graph(self: Any, forward_batch: Any) -> Any:
-                ok = runner_gate(self, forward_batch)
-                # Common case first (vote yes): one attribute read; objects that never synced keep graphs.
-                if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
-                    return False
-                return ok
-
-        else:
-
-            @functools.wraps(runner_gate)
-            def can_run_graph(self: Any, forward_batch: Any) -> Any:
-                ok = runner_gate(self, forward_batch)
-                if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
-                    return False
-                if not ok:
-                    counters.runner_refused()  # the runner's own no (e.g. above the captured sizes), not the vote's
-                return ok
-
         # Flight recorder (SGLANG_DP_MTP_FIX_RECORDER_DIR, ``recorder``): decided at load like the counters; unset, the
-        # three wrappers stay as built above and nothing records.
-        _get_local_tensor, _update_gather_batch, can_run_graph = recorder.instrument(
-            config,
-            _get_local_tensor,
-            _update_gather_batch,
-            can_run_graph,
+        # three wrappers stay as built and nothing records.
+        local_row, update_batch, runner_gate = recorder.instrument(
+            _local_row_wrapper(resolved[LOCAL_ROW].raw, decode_field),
+            _update_batch_wrapper(resolved[UPDATE_BATCH].raw, gathered_field, generic_field, counters),
+            _runner_gate_wrapper(resolved[RUNNER_GATE].raw, counters),
             decode_field,
             generic_field,
             _local_vote,
         )
-
         return {
-            SYNC_ENTRY: maybe_prepare_mlp_sync_batch,
-            LOCAL_ROW: _get_local_tensor,
-            FALLBACK_ROW: _get_fallback_tensor,
-            UPDATE_BATCH: _update_gather_batch,
+            SYNC_ENTRY: _sync_entry_wrapper(resolved[SYNC_ENTRY].raw),
+            LOCAL_ROW: local_row,
+            FALLBACK_ROW: _fallback_row_wrapper(resolved[FALLBACK_ROW].raw),
+            UPDATE_BATCH: update_batch,
             FORWARD_INIT: classmethod(init_new),
-            RUNNER_GATE: can_run_graph,
+            RUNNER_GATE: runner_gate,
             SB_DEFAULT: True,
             FB_DEFAULT: True,
         }
+
+
+def _sync_entry_wrapper(sync_entry: Any) -> Any:
+    """Opens the round: eager_draft_gate's PD-decode marking, then this rank's vote in ``_local_vote``; counts the
+    rounds entered and finished for the stall line (``monitor.PROGRESS``: its thread reads them, nothing else here)."""
+    progress = monitor.PROGRESS
+
+    @functools.wraps(sync_entry)
+    def maybe_prepare_mlp_sync_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if batch is None:
+            vote = True
+        else:
+            mark_pd_decode_batch(batch)  # eager_draft_gate, immediately before the sync
+            vote = local_draft_vote(batch)
+        token = _local_vote.set(vote)
+        n = progress.entered = progress.entered + 1
+        try:
+            result = sync_entry(self, batch, *args, **kwargs)
+        finally:
+            _local_vote.reset(token)
+        progress.finished = n
+        progress.busy = result is not None  # the group had work (a rank without any gets an IDLE batch)
+        return result
+
+    return maybe_prepare_mlp_sync_batch
+
+
+def _local_row_wrapper(local_row: Any, decode_field: str) -> Any:
+    @functools.wraps(local_row)
+    def _get_local_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
+        decode_vote = getattr(self, decode_field)  # host-side bool: no device read
+        if not decode_vote:
+            return local_row(self, *args, **kwargs)
+        # SGLang builds the row with int(<decode vote>): lend it the encoded value for that one call instead of
+        # writing into the tensor afterwards (no tensor op, and no device write on the device-group path).
+        setattr(self, decode_field, DECODE_YES_DRAFT_NO if _local_vote.get() is False else DECODE_YES_DRAFT_YES)
+        try:
+            return local_row(self, *args, **kwargs)
+        finally:
+            setattr(self, decode_field, decode_vote)
+
+    return _get_local_tensor
+
+
+def _fallback_row_wrapper(fallback_row: Any) -> Any:
+    """SGLang's fallback row is constant (fingerprinted): encoded once per device and dtype, handed out as copies (a
+    fresh tensor per call, as SGLang's own: all_gather may build its gathered tensor as a view of it)."""
+    encoded_fallback: dict[tuple[Any, Any], Any] = {}
+
+    @functools.wraps(fallback_row)
+    def _get_fallback_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
+        key = (args[0] if args else kwargs.get("device"), args[1] if len(args) > 1 else kwargs.get("dtype"))
+        row = encoded_fallback.get(key)
+        if row is None:
+            row = fallback_row(self, *args, **kwargs)
+            row[DECODE_COLUMN] = DECODE_YES_DRAFT_YES  # inactive ranks vote yes
+            encoded_fallback[key] = row
+        return row.clone()
+
+    return _get_fallback_tensor
+
+
+def _update_batch_wrapper(update_batch: Any, gathered_field: str, generic_field: str, counters: Any) -> Any:
+    """Decodes the gathered column into ``batch.can_run_dp_draft_cuda_graph`` (and counts it, when ``counters``)."""
+
+    def round_vote(info: Any) -> bool:
+        """The group's draft vote from the rows SGLang gathered; the local vote when it gathered none."""
+        gathered = getattr(info, gathered_field, None)
+        if gathered is None or info.dp_size == 1:
+            return _local_vote.get() is not False
+        # <=0.5.17 keeps the gathered rows on the device: one small D2H here, none on 0.5.18+.
+        return decode_group_vote([row[DECODE_COLUMN] for row in gathered.tolist()])
+
+    if counters is None:
+
+        @functools.wraps(update_batch)
+        def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
+            result = update_batch(batch, mlp_sync_info, *args, **kwargs)
+            setattr(batch, VOTE_ATTR, round_vote(mlp_sync_info))
+            return result
+
+    else:
+
+        @functools.wraps(update_batch)
+        def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
+            result = update_batch(batch, mlp_sync_info, *args, **kwargs)
+            vote = round_vote(mlp_sync_info)
+            setattr(batch, VOTE_ATTR, vote)
+            if batch.forward_mode.is_decode_or_idle():
+                counters.record(bool(getattr(batch, generic_field, False)), vote, _local_vote.get() is not False)
+            return result
+
+    return _update_gather_batch
+
+
+def _runner_gate_wrapper(runner_gate: Any, counters: Any) -> Any:
+    """Refuses the draft graph when the runner needs MLP sync and the group voted no (counting the runner's own
+    refusals, when ``counters``)."""
+    if counters is None:
+
+        @functools.wraps(runner_gate)
+        def can_run_graph(self: Any, forward_batch: Any) -> Any:
+            ok = runner_gate(self, forward_batch)
+            # Common case first (vote yes): one attribute read; objects that never synced keep graphs.
+            if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
+                return False
+            return ok
+
+    else:
+
+        @functools.wraps(runner_gate)
+        def can_run_graph(self: Any, forward_batch: Any) -> Any:
+            ok = runner_gate(self, forward_batch)
+            if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
+                return False
+            if not ok:
+                counters.runner_refused()  # the runner's own no (e.g. above the captured sizes), not the vote's
+            return ok
+
+    return can_run_graph

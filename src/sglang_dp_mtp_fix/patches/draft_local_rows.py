@@ -32,7 +32,7 @@ from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, StandDown, Status, Target
 from sglang_dp_mtp_fix.errors import DraftRowsError as DraftRowsError
 from sglang_dp_mtp_fix.patches._detect import module_tree
-from sglang_dp_mtp_fix.versions import sglang_version
+from sglang_dp_mtp_fix.sglang_versions import sglang_version
 
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"

@@ -7,11 +7,10 @@ Why:      ``--speculative-moe-a2a-backend`` can answer SGLang's ``require_mlp_tp
           between draft graph and eager, or between buckets (#32182). The draft-graph vote cannot help: it votes
           on a path the counts have already split.
 How:      No collective: the MLP-sync gather holds every rank's counts. Two seams, as upstream #32196:
-            * ``_update_gather_batch`` (on the vote's wrapper): each round reads the draft's answer afresh (it can
-              change at run time: elastic EP scale-up) and always assigns ``draft_global_num_tokens(_for_logprob)``:
-              ``None`` where the answers agree, else the gathered lists (draft gathers) or ``[local]``;
-            * ``ForwardBatch.init_new`` for a draft model runner (``is_draft_worker``): the lists are lent to the
-              batch for the call, restored exactly after; SGLang's own code reads them.
+            * ``_update_gather_batch`` (on the vote's wrapper): each round reads the draft's answer afresh (elastic
+              EP can change it) and assigns ``draft_global_num_tokens(_for_logprob)``: ``None`` where the answers
+              agree, else the gathered lists (draft gathers) or ``[local]``;
+            * ``ForwardBatch.init_new`` for a draft model runner: the lists lent to the batch for the call.
           Target forwards untouched. Scheduler start: the answer must be readable (else the group stays stock);
           no draft, no DP attention, equal backends (equal answers every round) or a multi-layer EAGLE draft (it
           runs under the target's backend): nothing read or lent per round.

@@ -10,10 +10,9 @@ How:      An around-wrapper on ``DeepseekSparseAttnBackend.forward_decode``, the
           metadata (``cache_seqlens_int32``) it passes the first ``real`` rows of ``q``, ``k``, ``v``, ``q_rope``,
           ``k_rope``, ``topk_indices`` and, for the call only, of ``forward_batch.out_cache_loc`` (KV save) and
           ``batch_size`` (aiter), and hands the body decode metadata cut to those rows (``rows_only_metadata``), then
-          zero-pads the output to the physical rows. TRT-LLM routes
-          (``dsa_trtllm_trim``'s seam), HiSparse (its coordinator reads padded request rows) and unpadded calls are
-          the stock call. No host sync: row counts are shapes, slices are views. Applied when ``dsa_backend`` is
-          imported (``deferred_until_import``).
+          zero-pads the output to the physical rows. TRT-LLM routes (``dsa_trtllm_trim``'s seam), HiSparse (its
+          coordinator reads padded request rows) and unpadded calls are the stock call. No host sync: row counts
+          are shapes, slices are views. Applied when ``dsa_backend`` is imported (``deferred_until_import``).
 Releases: applied on 0.5.15.post1 – 0.5.20 (three ``forward_decode`` bodies: 0.5.15.post1/0.5.16, 0.5.17–0.5.19,
           0.5.20). Not trimmed upstream in 0.5.21–0.5.23 either (only ``_forward_trtllm`` is); the plugin stands down
           there.
@@ -30,7 +29,7 @@ from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, StandDown, Status, Target
 from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict
 from sglang_dp_mtp_fix.patches.dsa_trtllm_trim import DSA_BACKEND, leading_rows, planned_decode_rows, zero_pad_rows
-from sglang_dp_mtp_fix.versions import sglang_version
+from sglang_dp_mtp_fix.sglang_versions import sglang_version
 
 FORWARD_DECODE = Target(DSA_BACKEND, "DeepseekSparseAttnBackend.forward_decode")
 # 0.5.20: decides per call whether forward_decode routes to _forward_trtllm (kpool tail); the wrapper asks it too.

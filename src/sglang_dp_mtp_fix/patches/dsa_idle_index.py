@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, StandDown, Status, Target, TargetProblem
 from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict, module_defines
-from sglang_dp_mtp_fix.versions import sglang_version
+from sglang_dp_mtp_fix.sglang_versions import sglang_version
 
 if TYPE_CHECKING:
     import torch

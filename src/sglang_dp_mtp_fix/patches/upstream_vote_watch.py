@@ -22,9 +22,9 @@ import contextvars
 import functools
 from typing import Any
 
-from sglang_dp_mtp_fix import monitor, recorder
 from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import UNCHANGED, Patch, Resolved, StandDown, Status, Target
+from sglang_dp_mtp_fix.diagnosis import monitor, recorder
 from sglang_dp_mtp_fix.patches._detect import dp_draft_vote_verdict
 from sglang_dp_mtp_fix.patches.draft_graph_vote import (
     FINALIZE_LOCAL,
@@ -68,7 +68,7 @@ class UpstreamVoteWatch(Patch):
     def replacements(self, resolved: dict[Target, Resolved], config: Config) -> dict[Target, Any]:
         sync_entry = resolved[SYNC_ENTRY].raw
         local_row = resolved[LOCAL_ROW].raw
-        progress = monitor.configure(config.stall_s)
+        progress = monitor.PROGRESS  # rounds entered and finished, for the stall line (the settings: ``wiring``)
 
         @functools.wraps(sync_entry)
         def maybe_prepare_mlp_sync_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -84,8 +84,6 @@ class UpstreamVoteWatch(Patch):
             UPDATE_BATCH: UNCHANGED,
             RUNNER_GATE: UNCHANGED,
         }
-        if not config.recorder_dir:
-            return new  # the stall line only: nothing on the row, the batch or the runner
 
         @functools.wraps(local_row)
         def _get_local_tensor(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -93,7 +91,6 @@ class UpstreamVoteWatch(Patch):
             return local_row(self, *args, **kwargs)
 
         row, update, gate = recorder.instrument(
-            config,
             _get_local_tensor,
             resolved[UPDATE_BATCH].raw,
             resolved[RUNNER_GATE].raw,
@@ -103,4 +100,4 @@ class UpstreamVoteWatch(Patch):
         )
         if row is not _get_local_tensor:  # the directory was accepted: the recorder's wrappers go in
             new.update({LOCAL_ROW: row, UPDATE_BATCH: update, RUNNER_GATE: gate})
-        return new
+        return new  # without the recorder: the stall line only, nothing on the row, the batch or the runner

@@ -1,8 +1,9 @@
 """Liveness of a patched scheduler, kept by one daemon thread per process, never by the main thread (the main thread is
 what stops): the heartbeat in the flight-recorder file's header (``recfile``) and the stall line in SGLang's log.
 
-Heartbeat: about once a second the thread writes wall and monotonic time into the header of this process's recorder
-ring and writes the ring out to its file (when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set; ``recorder.Recorder.flush``).
+Heartbeat: about once a second the thread hands the recorder its tick (``recorder.Recorder.heartbeat``), which writes
+wall and monotonic time into its ring's header and the ring out to its file (when ``SGLANG_DP_MTP_FIX_RECORDER_DIR``
+is set): the recorder is the file's one writer.
 A rank blocked in a collective keeps ticking; a frozen, killed or OOM-killed process stops, which is what ``rollcall``
 reads first.
 
@@ -16,7 +17,8 @@ stays away for ``stall_s`` (at least ``IDLE_FLOOR_S``): its group stopped (issue
 was idle holds the live rank in the request broadcast, outside any round). A paused engine is not judged.
 
 The thread never raises into SGLang (every tick is guarded), is a daemon (it ends with the process) and is restarted
-in a forked child by the child's own recorder (``recorder.Recorder.detach``), never shared with the parent.
+in a forked child when the child's own recorder opens its file (``recorder.configure``'s ``on_open``, set by
+``wiring``), never shared with the parent.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from sglang_dp_mtp_fix import recfile
+from sglang_dp_mtp_fix.diagnosis import reader, recfile
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
 
@@ -71,16 +73,13 @@ class Monitor:
 
     # -- the heartbeat ------------------------------------------------------------------------------------------
     def beat(self) -> None:
-        from sglang_dp_mtp_fix import recorder
+        from sglang_dp_mtp_fix.diagnosis import recorder
 
         rec = recorder.active()
         if rec is None or rec.path is None:
             return
         self.ticks += 1
-        recfile.HEARTBEAT.pack_into(
-            rec.buf, recfile.HEARTBEAT_OFFSET, self.ticks, time.time(), time.monotonic_ns(), self.ticks
-        )
-        rec.flush()  # the ring and this heartbeat reach the file together
+        rec.heartbeat(self.ticks)  # the recorder writes it, with the ring: the file has one writer
 
     # -- the stall watcher --------------------------------------------------------------------------------------
     def watch(self, now: float) -> None:
@@ -118,7 +117,7 @@ class Monitor:
         return bool(getattr(scheduler, "_engine_paused", False))
 
     def _round_fields(self) -> dict[str, Any]:
-        from sglang_dp_mtp_fix import recorder
+        from sglang_dp_mtp_fix.diagnosis import recorder
 
         rec = recorder.active()
         fields: dict[str, Any] = {"dp_rank": self.dp_rank}
@@ -173,16 +172,16 @@ class Monitor:
 
 def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]]:
     """The other ranks' heartbeats readable in this host's recorder directory: (stale, live), as ``dp<R>(...)``."""
-    from sglang_dp_mtp_fix import recorder, rollcall
+    from sglang_dp_mtp_fix.diagnosis import recorder
 
     rec = recorder.active()
     if rec is None or rec.path is None:
         return [], []
     now_wall = time.time() if now_wall is None else now_wall
-    newest: dict[int, rollcall.RankFile] = {}
-    for path in rollcall.files_in(rec.directory):
+    newest: dict[int, reader.RankFile] = {}
+    for path in reader.files_in(rec.directory):
         try:
-            f = rollcall.read_file(path)
+            f = reader.read_file(path)
         except Exception:  # noqa: BLE001 - a peer's unreadable file is just not named
             continue
         if f.pid == os.getpid() or (f.tp_rank in newest and newest[f.tp_rank].start_unix > f.start_unix):
@@ -194,7 +193,7 @@ def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]
         name = f"dp{f.dp_rank}" if f.dp_size == f.tp_size else f"tp{f.tp_rank}"
         if age is None or age > recfile.HEARTBEAT_STALE_S:
             stale.append(f"{name}(pid={f.pid},heartbeat_age_s={'none' if age is None else f'{age:.1f}'},"
-                         f"state={rollcall.process_state(f)})")  # fmt: skip
+                         f"state={reader.process_state(f)})")  # fmt: skip
         else:
             live.append(name)
     return stale, live
@@ -205,11 +204,10 @@ _stall_s: float | None = None
 _dp_rank = -1
 
 
-def configure(stall_s: float | None) -> Progress:
-    """At load (the vote's wrappers): the stall threshold; the counters the sync-entry wrapper writes."""
+def configure(stall_s: float | None) -> None:
+    """At load (``wiring``): the stall threshold. The vote's sync-entry wrapper writes ``PROGRESS``."""
     global _stall_s
     _stall_s = stall_s
-    return PROGRESS
 
 
 def start(dp_rank: int | None = None, scheduler: Any = None) -> Monitor:

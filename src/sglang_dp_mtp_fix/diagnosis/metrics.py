@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sglang_dp_mtp_fix import stats
 from sglang_dp_mtp_fix.core import Outcome
+from sglang_dp_mtp_fix.diagnosis import stats
 
 PREFIX = "sglang:dp_mtp_fix_"
 DECODE_BATCHES = PREFIX + "decode_batches"  # exposed as ..._total (a Counter)

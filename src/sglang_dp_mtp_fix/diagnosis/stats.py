@@ -102,12 +102,22 @@ class VoteStats:
 
 
 _active: VoteStats | None = None
+# The settings (``configure``, from the plugin's ``diagnosis.wiring``): log every N decode batches; count for /metrics
+_every: int | None = None
+_for_metrics = False
 
 
-def activate(every: int | None, for_metrics: bool = False) -> VoteStats | None:
-    """The counters the vote wrapper records into, or None: then it is built without counting code."""
+def configure(every: int | None, for_metrics: bool = False) -> None:
+    """At load, before the vote is built: what ``activate`` builds."""
+    global _every, _for_metrics
+    _every, _for_metrics = every, for_metrics
+
+
+def activate() -> VoteStats | None:
+    """The counters the vote wrapper records into (as ``configure`` set), or None: then it is built without counting
+    code."""
     global _active
-    _active = VoteStats(every or None) if every or for_metrics else None
+    _active = VoteStats(_every or None) if _every or _for_metrics else None
     return _active
 
 

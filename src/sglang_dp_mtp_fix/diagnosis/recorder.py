@@ -39,10 +39,10 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
-from sglang_dp_mtp_fix import recfile
 from sglang_dp_mtp_fix._version import __version__
-from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV, Config
-from sglang_dp_mtp_fix.recfile import (
+from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
+from sglang_dp_mtp_fix.diagnosis import recfile
+from sglang_dp_mtp_fix.diagnosis.recfile import (
     CAPACITY,
     ENTERED_OFFSET,
     FLAGS_SHIFT,
@@ -51,6 +51,8 @@ from sglang_dp_mtp_fix.recfile import (
     GROUP_GENERIC,
     HEADER,
     HEADER_SIZE,
+    HEARTBEAT,
+    HEARTBEAT_OFFSET,
     MAGIC,
     MODE_SHIFT,
     PATH,
@@ -64,6 +66,7 @@ from sglang_dp_mtp_fix.recfile import (
     SYNC,
     U32,
 )
+from sglang_dp_mtp_fix.sglang_versions import sglang_version
 
 logger = logging.getLogger("sglang_dp_mtp_fix")
 
@@ -72,6 +75,16 @@ VOTE_ATTR = "can_run_dp_draft_cuda_graph"
 _UNSET: Any = object()
 load_problem: str | None = None  # set by ``instrument`` when the directory is refused (the plugin reports it)
 _active: Recorder | None = None
+# The settings (``configure``, from the plugin's ``diagnosis.wiring``): the directory, and what runs when the active
+# recorder's file opens (the monitor's thread: the heartbeat that writes the file out)
+_directory: str | None = None
+_on_open: Callable[[], object] | None = None
+
+
+def configure(directory: str | None, on_open: Callable[[], object] | None = None) -> None:
+    """At load, before the vote is built: the directory (None: no recorder) and what to start once the file opens."""
+    global _directory, _on_open
+    _directory, _on_open = directory, on_open
 
 
 def file_name(dp_rank: int) -> str:
@@ -141,10 +154,8 @@ class Recorder:
             logger.warning("sglang-dp-mtp-fix: flight recorder off on this scheduler: %s", exc)
             return
         _open_recorders.add(self)
-        if self is _active:
-            from sglang_dp_mtp_fix import monitor
-
-            monitor.start()  # the heartbeat and the write-out (once per process; again in a forked child)
+        if self is _active and _on_open is not None:
+            _on_open()  # the heartbeat and the write-out (once per process; again in a forked child)
         logger.info("sglang-dp-mtp-fix: flight recorder: %s (last %d MLP-sync rounds)", self.path, self.capacity)
 
     def _create(self) -> None:
@@ -163,7 +174,7 @@ class Recorder:
             HEADER.pack_into(
                 buf, 0, b"\0" * 8, FORMAT_VERSION, HEADER_SIZE, RECORD.size, self.capacity, dp_rank, dp_size,
                 tp_rank, tp_size, global_rank, os.getpid(), time.time(), time.monotonic_ns(),
-                __version__.encode()[:32], _sglang_version().encode()[:32], socket.gethostname().encode()[:64],
+                __version__.encode()[:32], sglang_version().encode()[:32], socket.gethostname().encode()[:64],
             )  # fmt: skip
             recfile.PROC_START.pack_into(buf, recfile.PROC_START_OFFSET, recfile.proc_start_ticks())
             buf[recfile.BOOT_ID_OFFSET : recfile.BOOT_ID_OFFSET + recfile.BOOT_ID_SIZE] = recfile.boot_id()
@@ -200,6 +211,12 @@ class Recorder:
             if problem is not None and problem != self._problem:
                 logger.warning("%s", problem)
             self._problem = problem
+
+    def heartbeat(self, ticks: int) -> None:
+        """The monitor thread's heartbeat (about once a second) into the header, then the ring written out: the two
+        reach the file together, and this module stays the file's one writer."""
+        HEARTBEAT.pack_into(self.buf, HEARTBEAT_OFFSET, ticks, time.time(), time.monotonic_ns(), ticks)
+        self.flush()
 
     def path_of(self, round_: int) -> tuple[str, int | None]:
         """The draft path and bucket recorded for ``round_`` when it is the latest record (the stall line)."""
@@ -292,12 +309,6 @@ os.register_at_fork(after_in_child=_detach_after_fork)
 atexit.register(_flush_at_exit)
 
 
-def _sglang_version() -> str:
-    from sglang_dp_mtp_fix.report import sglang_version
-
-    return sglang_version()
-
-
 def _bucket(runner: Any, forward_batch: Any) -> int:
     """The captured batch size the draft graph would replay at: the smallest of ``capture_bs`` (sorted by SGLang) at
     or above the size SGLang's ``can_run_graph`` checks (the gathered maximum when the runner gathers, else the local
@@ -321,7 +332,6 @@ _G = TypeVar("_G", bound=Callable[..., Any])
 
 
 def instrument(
-    config: Config,
     local_row: _L,
     update_batch: _U,
     runner_gate: _G,
@@ -329,19 +339,17 @@ def instrument(
     generic_field: str,
     local_vote: ContextVar[bool | None],
 ) -> tuple[_L, _U, _G]:
-    """The vote's three wrappers, recording when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set; unchanged otherwise.
-
-    Decided at load: without the variable the vote path carries no recording code at all."""
+    """The vote's three wrappers, recording when ``SGLANG_DP_MTP_FIX_RECORDER_DIR`` is set (``configure``); unchanged
+    otherwise. Decided at load: without the variable the vote path carries no recording code at all."""
     global load_problem, _active
-    load_problem = None
-    _active = None
-    if not config.recorder_dir:
+    load_problem, _active = None, None
+    if not _directory:
         return local_row, update_batch, runner_gate
-    problem = check_directory(config.recorder_dir)
+    problem = check_directory(_directory)
     if problem:
         load_problem = f"sglang-dp-mtp-fix: flight recorder off: {problem}"
         return local_row, update_batch, runner_gate
-    rec = _active = Recorder(config.recorder_dir)
+    rec = _active = Recorder(_directory)
     end_word, monotonic_ns = rec.size // 8, time.monotonic_ns
 
     # SGLang's own signatures, not (*args, **kwargs): forwarding those costs ~0.7 us a frame on the bench host, the
@@ -420,15 +428,3 @@ def check_directory(directory: str) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return f"{where} is not a directory"
     return None
-
-
-_READER = frozenset({"rollcall", "read_file", "print_rollcall", "rollcall_json", "Record", "RankFile"})
-
-
-def __getattr__(name: str) -> Any:
-    """The reader's names at their old home (``recorder.rollcall``; the launch tier still calls it there)."""
-    if name in _READER:
-        from sglang_dp_mtp_fix import rollcall
-
-        return getattr(rollcall, name)
-    raise AttributeError(name)
