@@ -112,3 +112,53 @@ def test_backend_pair_stock_splits_the_draft_and_patched_does_not(tmp_path):
     assert data["stock"]["divergent_rounds"] == 3 and data["stock"]["hangs"] == 3, data["stock"]
     assert data["stock"]["bucket_splits"] == 1, data["stock"]
     assert data["patched"]["divergent_rounds"] == 0 and data["patched"]["hangs"] == 0, data["patched"]
+
+
+def _tagged(tag: str) -> list[int]:
+    """The live processes whose environment carries ``tag`` (a forked rank shows its parent's)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if tag.encode() in f.read():
+                    with open(f"/proc/{entry}/stat") as s:
+                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+@pytest.mark.skipif(SGLANG_VERSION != "0.5.20", reason=f"runs on 0.5.20 only, not on {SGLANG_VERSION}")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_simulate_killed_by_its_pid_leaves_no_process(tmp_path):
+    """Before: a supervisor's kill of the main PID left the forkserver, the resource tracker and the 4 ranks alive for
+    good (issue 54, finding 4)."""
+    import signal
+    import time
+    import uuid
+
+    tag = f"SDMF_KILL_TAG={uuid.uuid4().hex}"
+    exe = shutil.which("sglang-dp-mtp-fix", path=os.path.dirname(sys.executable))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}, tag.split("=")[0]: tag.split("=")[1]}
+    log = tmp_path / "stderr"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([exe, "simulate", "--rounds", "100000"], stdout=subprocess.DEVNULL, stderr=err, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while " rounds" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None and " rounds" in log.read_text(), log.read_text()[-2000:]
+        assert len(_tagged(tag)) >= 5  # the main process, the forkserver and 4 ranks (the tracker too)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while _tagged(tag) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _tagged(tag) == [], "left behind after the main PID was killed"
+    finally:
+        for pid in _tagged(tag):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -64,8 +64,38 @@ class RankError(RuntimeError):
     pass
 
 
+ORPHAN_POLL_S = 1.0
+
+
+def _gone(pid: int) -> bool:
+    """Has process ``pid`` exited (a zombie counts: it runs no more code)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _next_command(inbox: Any, owner: int) -> Any:
+    """The next command, or None once the pool's owner is gone: nobody will send the stop. Without this, killing
+    ``simulate`` by its PID left its ranks (each with SGLang imported, ~0.5 GB) waiting here for good, and with them
+    the forkserver (each rank holds its liveness pipe) and the resource tracker."""
+    while True:
+        try:
+            return inbox.get(timeout=ORPHAN_POLL_S)
+        except queue.Empty:
+            if _gone(owner):
+                return None
+
+
 def _rank_main(
-    rank: int, world: int, port: int, load_plugins: bool, inbox: Any, outbox: Any, env: dict[str, str]
+    rank: int, world: int, port: int, load_plugins: bool, inbox: Any, outbox: Any, env: dict[str, str], owner: int
 ) -> None:
     # A forkserver child inherits the forkserver's environment, not the pool owner's: take the owner's (``env``).
     os.environ.clear()
@@ -78,7 +108,7 @@ def _rank_main(
         outbox.put(("error", {"rank": rank, "traceback": traceback.format_exc()}))
         return
     while True:
-        item = inbox.get()
+        item = _next_command(inbox, owner)
         if item is None:
             break
         command, payload = item
@@ -110,7 +140,16 @@ class RankPool:
         self._procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(r, world, port, load_plugins, self._inboxes[r], self._outboxes[r], {**os.environ, **(env or {})}),
+                args=(
+                    r,
+                    world,
+                    port,
+                    load_plugins,
+                    self._inboxes[r],
+                    self._outboxes[r],
+                    {**os.environ, **(env or {})},
+                    os.getpid(),
+                ),
                 daemon=True,
             )
             for r in range(world)
