@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,3 +139,53 @@ def test_a_trace_is_checked_whole_before_any_rank_starts(tmp_path, capsys, monke
     path.write_bytes(trace(*[TWO] * 500, state(num_reqs=-3)))
     assert cli.main(["simulate", "--trace", str(path)]) == 2
     assert f"{path}:501: bad rank state of rank 0: num_reqs -3" in capsys.readouterr().err
+
+
+@release_free
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_74(tmp_path):
+    """Before: ``--version``/``--help`` into /dev/full exit 0 with nothing written; ``rollcall > /dev/full`` a traceback
+    and exit 1, which means "a divergence"."""
+    from test_recorder import GRAPH, write_rank
+
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2, [GRAPH] * 3)
+    for args in (["--version"], ["--help"], ["rollcall", "--settle", "0", str(tmp_path)]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run(
+                [shutil.which("sglang-dp-mtp-fix", path=os.path.dirname(sys.executable)) or "", *args],
+                stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+            )  # fmt: skip
+        assert proc.returncode == 74, (args, proc.returncode, proc.stderr)
+        assert proc.stderr == "sglang-dp-mtp-fix: cannot write the output: No space left on device\n", proc.stderr
+
+
+@release_free
+def test_a_closed_stdout_and_an_ascii_terminal_answer_without_a_traceback(tmp_path):
+    """Before: ``>&-`` gave AttributeError on flush; an ASCII stdout UnicodeEncodeError on a non-ASCII path."""
+    from test_recorder import GRAPH, write_rank
+
+    where = tmp_path / "réc\u202e"
+    where.mkdir()
+    for rank in range(2):
+        write_rank(where, rank, 2, [GRAPH] * 3)
+    empty = tmp_path / "vide\u202eé"  # rollcall names an empty directory
+    empty.mkdir()
+    exe = shutil.which("sglang-dp-mtp-fix", path=os.path.dirname(sys.executable)) or ""
+    closed = subprocess.run(
+        [exe, "rollcall", "--settle", "0", str(where)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        timeout=120, preexec_fn=lambda: os.close(1),
+    )  # fmt: skip
+    assert closed.returncode == 0 and closed.stderr == "", closed.stderr
+    ascii_env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    proc = subprocess.run([exe, "rollcall", "--settle", "0", str(empty)], capture_output=True, text=True, timeout=120,
+                          env=ascii_env)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "\\u202e" in proc.stdout + proc.stderr and "\u202e" not in proc.stdout + proc.stderr, proc
+
+
+def test_a_missing_trace_is_named_escaped(tmp_path, capsys):
+    """Before: the path reached the terminal raw (a U+202E bidi override, C1 controls)."""
+    path = tmp_path / "trace\u202e\x9b.jsonl"
+    assert cli.main(["simulate", "--trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "\u202e" not in err and "\x9b" not in err and "\\u202e" in err, err

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import io
 import json
 import math
@@ -20,19 +21,28 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.doctor import doctor_lines, doctor_report
 from sglang_dp_mtp_fix.harness import fuzz
 from sglang_dp_mtp_fix.rollcall import escape
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
 
 class _Parser(argparse.ArgumentParser):
-    """Bad input is one line on stderr and exit 2 (argparse's usage block is ``--help``'s)."""
+    """Bad input is one line on stderr and exit 2 (argparse's usage block is ``--help``'s). A failed write of
+    ``--help``/``--version`` reaches ``main`` (argparse's own ``_print_message`` swallows it: ``--help > /dev/full``
+    exited 0 with nothing written)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def _bounded(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
@@ -105,20 +115,49 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# sysexits.h EX_IOERR: the answer could not be written (a full disk, a quota, an I/O error on the output). Apart from
+# 1 (not patched; a divergence) so that a script never reads a lost answer as one.
+OUTPUT_FAILED = 74
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:  # None: started with stdout closed (``>&-``); print() then writes nothing
+        sys.stdout.flush()  # a closed pipe or a full disk shows here, not at the interpreter's exit
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The console script. A closed pipe (``| head``) and Ctrl-C end quietly with the shell's codes (141, 130)."""
+    """The console script. A closed pipe (``| head``) and Ctrl-C end quietly with the shell's codes (141, 130); an
+    output that cannot be written (``> /dev/full``) is one line on stderr and OUTPUT_FAILED."""
+    for stream in (sys.stdout, sys.stderr):  # an ASCII terminal gets escapes, never a UnicodeEncodeError
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError, io.UnsupportedOperation):
+                stream.reconfigure(errors="backslashreplace")
     try:
-        code = _main(argv)
-        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        try:
+            code = _main(argv)
+        except SystemExit as exc:  # argparse (--help, --version, a bad argument)
+            code = exc.code if isinstance(exc.code, int) else (2 if exc.code else 0)
+        _flush_stdout()
         return code
-    except SystemExit as exc:  # argparse (--help, --version, a bad argument)
-        return exc.code if isinstance(exc.code, int) else (2 if exc.code else 0)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        _stdout_to_devnull()
         return 141
+    except OSError as exc:
+        if exc.errno not in OUTPUT_ERRNOS:
+            raise
+        _stdout_to_devnull()
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            print(f"sglang-dp-mtp-fix: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return OUTPUT_FAILED
+
+
+def _stdout_to_devnull() -> None:
+    """Nothing more to flush at exit (the interpreter would report the same failure again)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _main(argv: list[str] | None) -> int:
@@ -159,11 +198,11 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     trace = None
     if args.trace:
         if not Path(args.trace).is_file():
-            parser.error(f"--trace {args.trace}: no such file")
+            parser.error(escape(f"--trace {args.trace}: no such file"))
         try:
             trace = simulate.load_trace(Path(args.trace), ranks)  # the whole trace, before any rank starts
         except simulate.TraceError as exc:
-            parser.error(f"--trace {exc}")
+            parser.error(escape(f"--trace {exc}"))  # the file's own text, never raw to a terminal
     backends = fuzz.backend_pair(args)
     try:
         data = simulate.simulate(
