@@ -322,7 +322,7 @@ def test_multi_layer_eagle_keeps_the_target_counts_on_every_dp_rank(restored, mo
     runs the draft under the target's backend (which gathers), so it must read the target's gathered counts, as
     stock does. Lending it the draft-backend ``[local]`` made rank 1 index past the list (``IndexError`` in
     ``set_local_num_token_non_padded``, 0.5.20) where stock runs."""
-    from sglang_dp_mtp_fix.harness.draft_counts import multi_layer_draft_extend
+    from sglang_dp_mtp_fix.harness.multi_layer import multi_layer_draft_extend
 
     pytest.importorskip("sglang.srt.speculative.eagle_worker_common", reason="0.5.15.post1 prepares it in the worker")
     stock = [multi_layer_draft_extend("none", "deepep", (2, 5), rank) for rank in (0, 1)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -98,22 +99,58 @@ def arrival_draft_input(reqs: list[Any], arrival: dict[str, Any], overlap: bool)
     return spec
 
 
-def run_round(state: dict[str, Any]) -> RoundResult:
-    """One PD-decode scheduling round on this rank. ``state`` describes the rank's local situation:
-
-    kind: "none" (no running batch) | "idle" (idle batch) | "decode"
-    seed: bool (DSA top-k seed present), overlap: bool, future_flag: bool | None,
-    merge_seedless_prebuilt: bool (a seeded running batch absorbs a seedless prebuilt batch, overlap-style),
-    seed_from_draft_extend: bool, has_draft_worker: bool, num_reqs: int,
-    arrival: {"prompt_len": L, "index_topk": K} (the running batch is a PD arrival from a seedless prefill,
-    committed by SGLang's ``_commit_transfer_to_req`` and built by its ``build_eagle_disagg_draft_input``:
-    ``harness/arrival.py``; ``overlap`` as above, ``seed`` and ``future_flag`` are then SGLang's own)
-    """
-    import torch  # noqa: F401
-    from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
+def _running_batch(state: dict[str, Any], rank: int, spec_algo: Any, idle_batch: Callable[[], Any]) -> Any:
+    """The rank's running batch as ``state`` describes it (``run_round``), with SGLang's real batch classes."""
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.sampling.sampling_params import SamplingParams
+
+    kind = state.get("kind", "decode")
+    if kind == "idle":
+        return idle_batch()
+    if kind != "decode":
+        return ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE, spec_algorithm=spec_algo)  # empty
+    n = int(state.get("num_reqs", 1))
+    reqs = [Req(f"r{rank}-{i}", "", array("i", [1, 2, 3, 4]), SamplingParams(max_new_tokens=8)) for i in range(n)]
+    running = ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.DECODE, spec_algorithm=spec_algo)
+    overlap = bool(state.get("overlap", False))
+    if state.get("arrival"):
+        spec = arrival_draft_input(reqs, dict(state["arrival"]), overlap)
+    else:
+        spec = draft_input_standin(bool(state.get("seed", True)), overlap, state.get("future_flag"), n)
+    if state.get("merge_seedless_prebuilt"):
+        spec.merge_batch(draft_input_standin(False, True, False, 1))  # real EagleDraftInput.merge_batch
+    running.spec_info = spec
+    return running
+
+
+def _eager_cause(guard_eager: bool, runner_graph: bool, draft_vote: bool | None, view: Any, runner: Any) -> str:
+    """Why this rank's draft step ran eagerly."""
+    if guard_eager and runner_graph:
+        return "local seedless guard"
+    if guard_eager:
+        return "own seedless batch"
+    if draft_vote is False:
+        return "another rank's vote"
+    if (draft_step_rows(view, runner, False) or view.batch_size) > runner.max_bs:
+        return "above the draft graph's max_bs"
+    return "generic graph refused"
+
+
+# A round's ``state``, the rank's local situation:
+#   kind: "none" (no running batch) | "idle" (idle batch) | "decode"
+#   seed: bool (DSA top-k seed present), overlap: bool, future_flag: bool | None,
+#   merge_seedless_prebuilt: bool (a seeded running batch absorbs a seedless prebuilt batch, overlap-style),
+#   seed_from_draft_extend: bool, has_draft_worker: bool, num_reqs: int,
+#   arrival: {"prompt_len": L, "index_topk": K} (the running batch is a PD arrival from a seedless prefill, committed
+#   by SGLang's ``_commit_transfer_to_req`` and built by its ``build_eagle_disagg_draft_input``: ``harness/arrival.py``;
+#   ``overlap`` as above, ``seed`` and ``future_flag`` are then SGLang's own)
+def run_round(state: dict[str, Any]) -> RoundResult:
+    """One PD-decode scheduling round on this rank, in the situation ``state`` describes (above)."""
+    import torch  # noqa: F401
+    from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -127,24 +164,7 @@ def run_round(state: dict[str, Any]) -> RoundResult:
     def idle_batch() -> Any:
         return ScheduleBatch(reqs=[], forward_mode=ForwardMode.IDLE, spec_algorithm=spec_algo)
 
-    kind = state.get("kind", "decode")
-    n = int(state.get("num_reqs", 1))
-    if kind == "decode":
-        reqs = [Req(f"r{rank}-{i}", "", array("i", [1, 2, 3, 4]), SamplingParams(max_new_tokens=8)) for i in range(n)]
-        running = ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.DECODE, spec_algorithm=spec_algo)
-        if state.get("arrival"):
-            spec = arrival_draft_input(reqs, dict(state["arrival"]), bool(state.get("overlap", False)))
-        else:
-            spec = draft_input_standin(
-                bool(state.get("seed", True)), bool(state.get("overlap", False)), state.get("future_flag"), n
-            )
-        if state.get("merge_seedless_prebuilt"):
-            spec.merge_batch(draft_input_standin(False, True, False, 1))  # real EagleDraftInput.merge_batch
-        running.spec_info = spec
-    elif kind == "idle":
-        running = idle_batch()
-    else:
-        running = ScheduleBatch(reqs=[], forward_mode=ForwardMode.DECODE, spec_algorithm=spec_algo)  # empty
+    running = _running_batch(state, rank, spec_algo, idle_batch)
 
     spec_worker = object.__new__(EAGLEWorkerV2)  # real class; __init__ would load a model
     spec_worker._draft_worker = (
@@ -183,18 +203,7 @@ def run_round(state: dict[str, Any]) -> RoundResult:
     guard_eager = stock_guard_goes_eager(state, is_idle, getattr(run_batch, "spec_info", None))
     draft_graph = runner_graph and not guard_eager
     draft_rows = draft_step_rows(view, runner, draft_graph)
-    cause = None
-    if not draft_graph:
-        if guard_eager and runner_graph:
-            cause = "local seedless guard"
-        elif guard_eager:
-            cause = "own seedless batch"
-        elif draft_vote is False:
-            cause = "another rank's vote"
-        elif (draft_step_rows(view, runner, False) or view.batch_size) > runner.max_bs:
-            cause = "above the draft graph's max_bs"
-        else:
-            cause = "generic graph refused"
+    cause = None if draft_graph else _eager_cause(guard_eager, runner_graph, draft_vote, view, runner)
     return RoundResult(
         rank=rank,
         ran=True,
