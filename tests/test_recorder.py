@@ -384,3 +384,33 @@ def test_a_forked_child_never_writes_into_the_parents_ring(tmp_path):
         assert Path(rec.path).read_bytes() == before  # before: the child's rounds landed in the parent's file
     finally:
         rec.close()
+
+
+def test_the_writer_makes_a_new_file_when_its_file_is_moved_away_and_repairs_an_appended_one(tmp_path):
+    """Issue 54, finding 2: ``mv *.rec archive/`` (nothing deletes old files), or a hard link then an unlink. Before,
+    the writer kept writing to the moved inode, made no new file and said nothing: rollcall then called the rank
+    missing. An appended-to file kept its tail for good."""
+    writer = Writer(tmp_path)
+    try:
+        first = writer.past(10)
+        archive = tmp_path / "archive"
+        archive.mkdir()
+        os.rename(first.path, archive / Path(first.path).name)
+        moved = writer.past(first.last_round)
+        assert moved.path != first.path and Path(moved.path).parent == tmp_path
+        os.link(moved.path, archive / "linked.rec")
+        os.unlink(moved.path)
+        relinked = writer.past(moved.last_round)
+        assert relinked.path not in (first.path, moved.path) and Path(relinked.path).parent == tmp_path
+        with open(relinked.path, "ab") as f:
+            f.write(b"\xff" * 4096)
+        deadline = time.monotonic() + 30
+        while os.path.getsize(relinked.path) != file_size(relinked) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.path.getsize(relinked.path) == file_size(relinked)
+        data, _ = rollcall.rollcall([str(tmp_path)], settle_s=0)  # the writer's one rank: read from its live file
+        assert [r["file"] for r in data["ranks"]] == [relinked.path], data
+        writer.stop()
+        assert b"was deleted, moved or replaced" in writer.proc.stderr.read()
+    finally:
+        writer.stop()

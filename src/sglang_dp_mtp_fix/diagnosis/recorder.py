@@ -192,19 +192,23 @@ class Recorder:
 
     def flush(self) -> None:
         """Write the ring out (the monitor thread, once a heartbeat; ``close``). Whatever was done to the file from
-        outside costs at most a WARNING line: truncated, it is written whole again; deleted or replaced (our inode
-        has no name left), a new file takes its place; a write that fails is tried again at the next tick."""
+        outside costs at most a WARNING line: truncated or appended to, it is written whole again at its size; deleted,
+        moved or replaced (our inode is no longer at our path), a new file takes its place; a write that fails is
+        tried again at the next tick."""
         with self._lock:
             if self._fd is None:
                 return
             problem = None
             try:
-                if os.fstat(self._fd).st_nlink == 0:
+                st = os.fstat(self._fd)
+                if st.st_nlink == 0 or not _still_named(self.path, st):
                     gone = self.path
                     self._create()
-                    logger.warning("sglang-dp-mtp-fix: flight recorder file %s was deleted or replaced; now %s",
+                    logger.warning("sglang-dp-mtp-fix: flight recorder file %s was deleted, moved or replaced; now %s",
                                    gone, self.path)  # fmt: skip
                 else:
+                    if st.st_size != self.size:  # appended to (or cut): the ring's own size again
+                        os.ftruncate(self._fd, self.size)
                     _write_all(self._fd, bytes(self.buf), 0)  # a snapshot: the main thread goes on storing
             except Exception as exc:  # noqa: BLE001 - a diagnostic write never takes the scheduler down
                 problem = f"sglang-dp-mtp-fix: flight recorder file {self.path} not written (tried again): {exc}"
@@ -283,6 +287,16 @@ class Recorder:
 
 ENTERED_WORD, HEADER_WORDS, RECORD_WORDS = ENTERED_OFFSET // 8, HEADER_SIZE // 8, RECORD.size // 8
 _open_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _still_named(path: str | None, st: os.stat_result) -> bool:
+    """Is our file still at ``path``? A moved file (``mv *.rec archive/``, a hard link then an unlink) keeps its links
+    elsewhere: writing on would feed a file nobody looks for, and rollcall would call the rank missing."""
+    try:
+        here = os.lstat(path) if path else None
+    except OSError:
+        return False
+    return here is not None and (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
