@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import affected_only, written
+from support import affected_only, release_free, written
 
 from sglang_dp_mtp_fix import rollcall
 from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
@@ -386,6 +386,7 @@ def test_a_forked_child_never_writes_into_the_parents_ring(tmp_path):
         rec.close()
 
 
+@release_free  # the writer reads no SGLang
 def test_the_writer_makes_a_new_file_when_its_file_is_moved_away_and_repairs_an_appended_one(tmp_path):
     """Issue 54, finding 2: ``mv *.rec archive/`` (nothing deletes old files), or a hard link then an unlink. Before,
     the writer kept writing to the moved inode, made no new file and said nothing: rollcall then called the rank
