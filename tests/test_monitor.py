@@ -276,3 +276,29 @@ def test_stall_seconds_parse(raw, want):
 def test_stall_seconds_bad_input_is_a_clear_error(raw):
     error = load_config([], {STALL_ENV: raw}).error or ""
     assert f"{STALL_ENV}={raw!r} is not understood; accepted values: seconds" in error
+
+
+def test_the_stall_lines_peers_are_never_this_ranks_own_older_files(tmp_path, monkeypatch):
+    """Issue 54, finding 9: every stall line named this rank's own file from an earlier launch as a dead peer."""
+    from sglang_dp_mtp_fix.diagnosis import recorder
+
+    def rank_file(rank: int, pid: int) -> None:
+        rec = recorder.Recorder(str(tmp_path), 4)
+        rec.open(None, ranks=(rank, 2, rank, 2, rank))
+        rec.close()
+        raw = bytearray(Path(rec.path or "").read_bytes())
+        fields = list(recfile.HEADER.unpack_from(raw, 0))
+        fields[10] = pid  # an earlier launch's process (header field 10: the writer's pid)
+        recfile.HEADER.pack_into(raw, 0, *fields)
+        Path(rec.path or "").write_bytes(bytes(raw))
+
+    rank_file(0, 1)  # this rank, an earlier launch
+    rank_file(1, 1)  # the peer, an earlier launch too: stale
+    me = recorder.Recorder(str(tmp_path), 4)
+    me.open(None, ranks=(0, 2, 0, 2, 0))
+    try:
+        monkeypatch.setattr(recorder, "_active", me)
+        stale, live = monitor.peer_heartbeats()
+        assert [s.split("(")[0] for s in stale] == ["dp1"] and live == [], stale
+    finally:
+        me.close()

@@ -9,6 +9,7 @@ around after the group's vote, as a bug elsewhere would.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -415,3 +416,31 @@ def test_the_writer_makes_a_new_file_when_its_file_is_moved_away_and_repairs_an_
         assert b"was deleted, moved or replaced" in writer.proc.stderr.read()
     finally:
         writer.stop()
+
+
+def test_a_file_that_cannot_be_made_again_is_one_warning_not_one_a_second(tmp_path, monkeypatch, caplog):
+    """Issue 54, finding 9: the file deleted and the directory unwritable gave a WARNING every second (each try names
+    a new random file, so the text never repeated)."""
+    import errno
+    import secrets
+
+    from sglang_dp_mtp_fix import report
+    from sglang_dp_mtp_fix.errors import ReportFileError
+
+    def refused(directory: str, env_name: str, name: str, flags: int = os.O_WRONLY) -> tuple[int, str]:
+        # STAND-IN: an unwritable directory (these tests run as root, whom permissions do not stop)
+        path = f"{directory}/{secrets.token_hex(4)}.rec"
+        raise ReportFileError(f"cannot create {path}: Permission denied") from PermissionError(errno.EACCES, "")
+
+    rec = recorder.Recorder(str(tmp_path), 4)
+    rec.open(None, ranks=(0, 1, 0, 1, 0))
+    try:
+        os.unlink(rec.path or "")
+        monkeypatch.setattr(report, "create_in_directory", refused)
+        with caplog.at_level(logging.WARNING, logger="sglang_dp_mtp_fix"):
+            for _ in range(3):
+                rec.flush()
+        assert len([r for r in caplog.records if "not written" in r.getMessage()]) == 1, caplog.text
+    finally:
+        monkeypatch.undo()
+        rec.close()

@@ -136,9 +136,12 @@ class Recorder:
         self.opened = False
         self.path: str | None = None
         self.dp_rank = -1
+        self.tp_rank = -1
         self._ranks = (-1, -1, -1, -1, -1)
         self._fd: int | None = None
-        self._problem: str | None = None  # the last write-out problem logged (one line each, not one a second)
+        # the last write-out problem logged, by kind (one line each, not one a second): the exception's type and errno,
+        # never its text, which names a new random file each try
+        self._problem: tuple[str, int | None] | None = None
         self._lock = threading.Lock()  # flush (monitor thread) against close/open (main thread)
 
     def open(self, info: Any, ranks: tuple[int, int, int, int, int] | None = None) -> None:
@@ -147,6 +150,7 @@ class Recorder:
         self.opened = True
         self._ranks = ranks or _ranks(info)
         self.dp_rank = self._ranks[0]
+        self.tp_rank = self._ranks[2]
         try:
             with self._lock:
                 self._create()
@@ -198,7 +202,7 @@ class Recorder:
         with self._lock:
             if self._fd is None:
                 return
-            problem = None
+            problem: tuple[str, int | None] | None = None
             try:
                 st = os.fstat(self._fd)
                 if st.st_nlink == 0 or not _still_named(self.path, st):
@@ -211,9 +215,10 @@ class Recorder:
                         os.ftruncate(self._fd, self.size)
                     _write_all(self._fd, bytes(self.buf), 0)  # a snapshot: the main thread goes on storing
             except Exception as exc:  # noqa: BLE001 - a diagnostic write never takes the scheduler down
-                problem = f"sglang-dp-mtp-fix: flight recorder file {self.path} not written (tried again): {exc}"
-            if problem is not None and problem != self._problem:
-                logger.warning("%s", problem)
+                problem = (type(exc).__name__, getattr(exc.__cause__ or exc, "errno", None))
+                if problem != self._problem:
+                    logger.warning("sglang-dp-mtp-fix: flight recorder file %s not written (tried again): %s",
+                                   self.path, exc)  # fmt: skip
             self._problem = problem
 
     def heartbeat(self, ticks: int) -> None:
