@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from support import affected_only
 
+from sglang_dp_mtp_fix import errors
 from sglang_dp_mtp_fix.config import MODE_ENV, SKIP_ENV, load_config
 from sglang_dp_mtp_fix.harness.draft_counts import (
     PAIRS,
@@ -256,7 +257,7 @@ def test_the_refusal_stands_where_the_patch_does_not_apply(monkeypatch, caplog):
     assert len(lines) == 1 and "--moe-a2a-backend deepep" in lines[0], lines
     assert "[draft_token_counts is disabled: skipped by SGLANG_DP_MTP_FIX_SKIP" in lines[0], lines
     monkeypatch.setenv(MODE_ENV, "strict")
-    with pytest.raises(plugin.StartupHazard, match="--speculative-moe-a2a-backend none differs"):
+    with pytest.raises(errors.StartupHazard, match="--speculative-moe-a2a-backend none differs"):
         plugin.check_startup_hazards(scheduler, load_config(list(PATCH_IDS)), manager)
     for target, draft in (("none", "none"), ("deepep", "deepep"), ("none", "deepep")):
         ok = SimpleNamespace(server_args=server_args(target, draft), draft_worker=object())  # STAND-IN

@@ -334,7 +334,7 @@ def _other_plugins_wrapper(target: Target, raw: Any, fault: str, monkeypatch: py
 
 @pytest.mark.parametrize(("patch_id", "target", "fault"), _cases())
 def test_fault_leaves_sglang_stock(patch_id, target, fault, monkeypatch, caplog, capsys, request, restored):
-    from sglang_dp_mtp_fix.plugin import StrictModeAbort
+    from sglang_dp_mtp_fix.errors import StrictModeAbort
 
     if baseline()[patch_id] != "applied":
         pytest.skip(f"{patch_id} is {baseline()[patch_id]} on SGLang {SGLANG_VERSION}: its targets are not checked")

@@ -148,7 +148,7 @@ def test_unset_builds_no_recording_code_and_creates_nothing(restored, tmp_path, 
 def test_a_refused_directory_is_one_warning_and_strict_stops(restored, tmp_path, monkeypatch, caplog):
     from support import expected_status
 
-    from sglang_dp_mtp_fix.plugin import StrictModeAbort
+    from sglang_dp_mtp_fix.errors import StrictModeAbort
 
     if expected_status() != "applied":
         pytest.skip("the vote is not applied on this release")

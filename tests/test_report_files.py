@@ -54,20 +54,20 @@ def test_a_link_planted_at_the_file_name_is_not_followed(tmp_path):
     reports = tmp_path / "reports"
     reports.mkdir()
     (reports / report.report_file_name()).symlink_to(victim)
-    with pytest.raises(report.ReportFileError, match="already exists"):
+    with pytest.raises(ReportFileError, match="already exists"):
         write(reports)
     assert victim.read_text() == "keep me" and (reports / report.report_file_name()).is_symlink()
     dangling = tmp_path / "dangling"
     dangling.mkdir()
     (dangling / report.report_file_name()).symlink_to(tmp_path / "would-be-created")
-    with pytest.raises(report.ReportFileError, match="already exists"):
+    with pytest.raises(ReportFileError, match="already exists"):
         write(dangling)
     assert not (tmp_path / "would-be-created").exists()
 
 
 def test_an_existing_file_is_never_clobbered(tmp_path):
     (tmp_path / report.report_file_name()).write_text("another process's report")
-    with pytest.raises(report.ReportFileError, match="already exists"):
+    with pytest.raises(ReportFileError, match="already exists"):
         write(tmp_path)
     assert (tmp_path / report.report_file_name()).read_text() == "another process's report"
 
@@ -76,7 +76,7 @@ def test_a_symlinked_directory_is_refused(tmp_path):
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
-    with pytest.raises(report.ReportFileError, match="symbolic link"):
+    with pytest.raises(ReportFileError, match="symbolic link"):
         write(tmp_path / "link")
     assert os.listdir(real) == []
 
@@ -86,7 +86,7 @@ def test_a_missing_directory_or_a_file_is_refused_and_nothing_is_created(tmp_pat
     target = tmp_path / "reports"
     if kind == "a file":
         target.write_text("")
-    with pytest.raises(report.ReportFileError, match=REPORT_DIR_ENV):
+    with pytest.raises(ReportFileError, match=REPORT_DIR_ENV):
         write(target)
     assert os.listdir(tmp_path) == ([] if kind == "missing" else ["reports"])
 
@@ -106,7 +106,7 @@ def test_an_unwritable_directory_is_an_error_not_a_crash(tmp_path, monkeypatch):
 
         monkeypatch.setattr(report.os, "open", refusing_open)
     try:
-        with pytest.raises(report.ReportFileError, match="cannot create .*Permission denied"):
+        with pytest.raises(ReportFileError, match="cannot create .*Permission denied"):
             write(reports)
     finally:
         reports.chmod(0o755)

@@ -90,7 +90,7 @@ def test_skip_all_gather_with_dp_eagle_dsa_warns_once_in_auto(monkeypatch, caplo
 
 
 def test_skip_all_gather_stops_in_strict(monkeypatch):
-    from sglang_dp_mtp_fix.plugin import StartupHazard
+    from sglang_dp_mtp_fix.errors import StartupHazard
 
     monkeypatch.setenv(SKIP_ENV, "1")
     scheduler = SchedulerStandIn(server_args=server_args(), draft_worker=spec_worker())

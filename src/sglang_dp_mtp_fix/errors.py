@@ -1,8 +1,8 @@
 """The exceptions a user of the plugin can see, in one place.
 
-Each docstring says who raises it and why it has its base class. The modules that raise them re-export them under
-their old names (``plugin.StrictModeAbort``, ``peers.PeerStateMismatch``, ...). This module imports nothing of the
-package, so every layer may import it.
+Each docstring says who raises it and why it has its base class. Import them from here: the modules that raise them
+no longer re-export them (``plugin.StrictModeAbort``, ``peers.PeerStateMismatch``, ... are gone). This module imports
+nothing of the package, so every layer may import it.
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ from typing import Any
 
 from sglang_dp_mtp_fix import _version
 from sglang_dp_mtp_fix.core import Outcome
-from sglang_dp_mtp_fix.errors import PeerCheckError as PeerCheckError  # re-exported: its old home
-from sglang_dp_mtp_fix.errors import PeerStateMismatch as PeerStateMismatch
+from sglang_dp_mtp_fix.errors import PeerCheckError, PeerStateMismatch
 
 KEY_PREFIX = "sglang_dp_mtp_fix/patch_state/"
 MISSING_HINT = (

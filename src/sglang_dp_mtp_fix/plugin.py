@@ -22,8 +22,7 @@ from sglang_dp_mtp_fix import _version, peers, report, transport
 from sglang_dp_mtp_fix.config import Config, load_config, settings, unknown_line
 from sglang_dp_mtp_fix.core import Outcome, Patch, PatchManager, Status, groups
 from sglang_dp_mtp_fix.diagnosis import metrics, monitor, recorder, stats, wiring
-from sglang_dp_mtp_fix.errors import StartupHazard as StartupHazard  # re-exported: its old home
-from sglang_dp_mtp_fix.errors import StrictModeAbort as StrictModeAbort
+from sglang_dp_mtp_fix.errors import PeerCheckError, PeerStateMismatch, ReportFileError, StartupHazard, StrictModeAbort
 from sglang_dp_mtp_fix.patches import _startup_checks, all_patches
 
 _lock = threading.Lock()
@@ -96,7 +95,7 @@ def _write_report_file(outcomes: list[Outcome], config: Config) -> str | None:
         return None
     try:
         _report_path = report.write_report_file(outcomes, config)
-    except report.ReportFileError as exc:
+    except ReportFileError as exc:
         return f"sglang-dp-mtp-fix: report file not written: {exc}"
     except Exception as exc:  # noqa: BLE001 - diagnostics must never crash the host
         return f"sglang-dp-mtp-fix: report file not written: {exc!r}"
@@ -171,11 +170,11 @@ def check_peers(manager: PatchManager, outcomes: list[Outcome], config: Config) 
     warning in ``auto`` and an error in ``strict``."""
     try:
         agreed = peers.check(outcomes, manager.peer_fingerprints(), config.peer_timeout_s, settings(config))
-    except peers.PeerStateMismatch:
+    except PeerStateMismatch:
         raise
-    except peers.PeerCheckError as exc:
+    except PeerCheckError as exc:
         if config.strict:
-            raise peers.PeerCheckError(f"{exc} [SGLANG_DP_MTP_FIX=strict: stopping]") from exc
+            raise PeerCheckError(f"{exc} [SGLANG_DP_MTP_FIX=strict: stopping]") from exc
         report.logger.warning("%s; start-up continues (auto mode)", exc)
         return
     if agreed is not None:

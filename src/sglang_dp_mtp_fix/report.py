@@ -34,7 +34,7 @@ from typing import Any
 from sglang_dp_mtp_fix._version import __version__
 from sglang_dp_mtp_fix.config import MODE_ENV, REPORT_DIR_ENV, Config, Mode, settings
 from sglang_dp_mtp_fix.core import Outcome, Status
-from sglang_dp_mtp_fix.errors import ReportFileError as ReportFileError  # re-exported: its old home
+from sglang_dp_mtp_fix.errors import ReportFileError
 from sglang_dp_mtp_fix.sglang_versions import sglang_version
 
 logger = logging.getLogger("sglang_dp_mtp_fix")

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from support import affected_only
 
+from sglang_dp_mtp_fix import errors
 from sglang_dp_mtp_fix.harness.pool import RankError
 from sglang_dp_mtp_fix.patches import draft_graph_vote as dgv
 
@@ -97,7 +98,7 @@ def test_group_vote_is_the_min_over_every_rank(column, group):
 
 @pytest.mark.parametrize("column", [[3, 1, 3, 3], [1, 1], [3, 7]])
 def test_ranks_without_the_plugin_fail_fast_naming_them(column):
-    with pytest.raises(dgv.MixedDeploymentError) as exc:
+    with pytest.raises(errors.MixedDeploymentError) as exc:
         dgv.decode_group_vote(column)
     bad = [i for i, v in enumerate(column) if v not in (0, 2, 3)]
     assert str(bad) in str(exc.value)

@@ -25,7 +25,7 @@ from typing import Any
 from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, Target
 from sglang_dp_mtp_fix.diagnosis import monitor, recorder, stats
-from sglang_dp_mtp_fix.errors import MixedDeploymentError as MixedDeploymentError
+from sglang_dp_mtp_fix.errors import MixedDeploymentError
 from sglang_dp_mtp_fix.patches._detect import classify_group
 from sglang_dp_mtp_fix.patches.eager_draft_gate import mark_pd_decode_batch
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core import Kind, Patch, Resolved, StandDown, Status, Target
-from sglang_dp_mtp_fix.errors import DraftRowsError as DraftRowsError
+from sglang_dp_mtp_fix.errors import DraftRowsError
 from sglang_dp_mtp_fix.patches._detect import module_tree
 from sglang_dp_mtp_fix.sglang_versions import sglang_version
 
