@@ -150,3 +150,19 @@ def test_a_bad_arrival_seed_is_a_configuration_error_never_a_silent_off(raw):
         assert "off" in message and "exact" in message and "recent" in message
     config = load_config(IDS, {ARRIVAL_SEED_ENV: raw})
     assert config.error is not None and ARRIVAL_SEED_ENV in config.error  # the plugin then stays stock (or stops)
+
+
+def test_a_huge_value_or_many_unknown_names_make_a_line_of_bounded_length():
+    """Issue 54 (lower-harm): a 2 MB skip list, or thousands of misspelt variables, made one line of 2 MB."""
+    from sglang_dp_mtp_fix.config import SKIP_ENV, load_config
+
+    many = ",".join(f"p{i}" for i in range(600))  # under the value's own limit of 4096 characters
+    error = load_config(["a_patch"], {SKIP_ENV: many}).error or ""
+    assert "and 595 more" in error and len(error) < 1_000, len(error)
+    names = {f"SGLANG_DP_MTP_FIX_X{i}": "1" for i in range(4_999)} | {"SGLANG_DP_MTP_FIX_" + "Y" * 2_000_000: "1"}
+    config = load_config(["a_patch"], names)
+    assert len(config.unknown) == 5_000
+    from sglang_dp_mtp_fix.config import unknown_line
+
+    line = unknown_line(config.unknown)
+    assert "and 4995 more" in line and len(line) < 2_000, len(line)

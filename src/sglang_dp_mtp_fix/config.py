@@ -161,7 +161,7 @@ def parse_skip(raw: str | None, known_ids: Iterable[str]) -> frozenset[str]:
     ids = [i for i in ids if i]
     unknown = sorted({i for i in ids if i not in known})
     if unknown:
-        raise ConfigError(f"{SKIP_ENV} names unknown patch id(s) {', '.join(unknown)}; known ids: {', '.join(known)}")
+        raise ConfigError(f"{SKIP_ENV} names unknown patch id(s) {listed(unknown)}; known ids: {', '.join(known)}")
     return frozenset(ids)
 
 
@@ -272,11 +272,22 @@ def unknown_variables(environ: Mapping[str, str]) -> tuple[tuple[str, str | None
     )
 
 
+LISTED = 5  # names shown in one line; the rest are counted (a 2 MB value made a 2 MB line)
+NAME_WIDTH = 64  # characters of one name shown
+
+
+def listed(names: Sequence[str]) -> str:
+    """Names for one line: at most LISTED, each cut to NAME_WIDTH characters, the rest counted."""
+    shown = [n if len(n) <= NAME_WIDTH else f"{n[:NAME_WIDTH]}...({len(n)} characters)" for n in names[:LISTED]]
+    more = f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
+    return ", ".join(shown) + more
+
+
 def unknown_line(unknown: Sequence[tuple[str, str | None]]) -> str:
     """One line for every unknown variable (the load's WARNING, doctor, strict's error)."""
     parts = [f"{name} ({f'did you mean {close}?' if close else 'no such variable'})" for name, close in unknown]
     return (
-        f"unknown variable(s) ignored: {', '.join(parts)}; the variables are {', '.join(CONFIG_NAMES)} "
+        f"unknown variable(s) ignored: {listed(parts)}; the variables are {', '.join(CONFIG_NAMES)} "
         f"({MODE_ENV}=off is the kill switch)"
     )
 
