@@ -285,7 +285,7 @@ def test_an_unreadable_draft_answer_leaves_the_group_stock_with_one_line(restore
     restored.restore()
     monkeypatch.setenv(MODE_ENV, "strict")
     restored.register()
-    with pytest.raises(restored.StartupHazard, match="draft_token_counts cannot start on this scheduler"):
+    with pytest.raises(errors.StartupHazard, match="draft_token_counts cannot start on this scheduler"):
         restored.check_startup_hazards(scheduler, restored.last_config)
 
 
