@@ -129,7 +129,8 @@ def last_json_list(stdout: str) -> list:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-# STAND-IN: os.statvfs says the directory's filesystem is full (making a full filesystem here needs a mount).
+# STAND-IN: os.statvfs says the directory's filesystem is full: this test runs doctor in-process, and a real full
+# filesystem needs a mount of its own (test_recorder.py makes one in a private mount namespace, in a child).
 # (f_bsize, f_frsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree, f_favail, f_flag, f_namemax)
 FULL = os.statvfs_result((4096, 4096, 262144, 0, 0, 65536, 60000, 60000, 0, 255))
 
