@@ -189,3 +189,18 @@ def test_a_missing_trace_is_named_escaped(tmp_path, capsys):
     assert cli.main(["simulate", "--trace", str(path)]) == 2
     err = capsys.readouterr().err
     assert "\u202e" not in err and "\x9b" not in err and "\\u202e" in err, err
+
+
+def test_a_bad_plugin_setting_stops_simulate_before_any_rank_starts(capsys, monkeypatch):
+    """Issue 54 (lower-harm): a bad SGLANG_DP_MTP_FIX ran both arms and said "the plugin stands down on SGLang
+    0.5.20", which reads like the release's doing."""
+    from sglang_dp_mtp_fix.harness import pool
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a rank started")
+
+    monkeypatch.setattr(pool, "RankPool", never)
+    monkeypatch.setenv("SGLANG_DP_MTP_FIX", "sometimes")
+    assert cli.main(["simulate", "--rounds", "10"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "SGLANG_DP_MTP_FIX" in line and "sometimes" in line, line

@@ -192,8 +192,13 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from pathlib import Path
 
     from sglang_dp_mtp_fix import simulate
+    from sglang_dp_mtp_fix.config import load_config
     from sglang_dp_mtp_fix.harness.pool import RankError
+    from sglang_dp_mtp_fix.patches import PATCH_IDS
 
+    config_error = load_config(PATCH_IDS).error  # the ranks load the plugin under this environment
+    if config_error:  # else the patched arm "stands down on SGLang X", which reads like the release's doing
+        parser.error(escape(f"{config_error} (the plugin's settings here, which the patched arm runs under)"))
     ranks = args.ranks if args.ranks is not None else (None if args.trace else 4)
     trace = None
     if args.trace:
