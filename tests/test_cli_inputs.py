@@ -204,3 +204,15 @@ def test_a_bad_plugin_setting_stops_simulate_before_any_rank_starts(capsys, monk
     assert cli.main(["simulate", "--rounds", "10"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "SGLANG_DP_MTP_FIX" in line and "sometimes" in line, line
+
+
+def test_rollcall_json_names_a_non_utf8_directory_without_lone_surrogates(tmp_path, capsys):
+    """Issue 54 (lower-harm): a non-UTF-8 path reached --json as lone surrogates ("\\udcff"), which strict readers
+    refuse."""
+    where = os.path.join(os.fsencode(tmp_path), b"rec\xff")
+    os.mkdir(where)
+    cli.main(["rollcall", "--json", "--settle", "0", os.fsdecode(where)])
+    out = capsys.readouterr().out
+    assert "\\udcff" not in out and "rec\\\\xff" in out, out
+    json.loads(out)
+    out.encode("utf-8")  # strict: every character encodable

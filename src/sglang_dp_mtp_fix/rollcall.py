@@ -223,6 +223,18 @@ def print_rollcall(data: dict[str, Any]) -> None:
         print(escape(line))
 
 
+def unsurrogated(value: Any) -> Any:
+    """``value`` with every string's undecodable bytes (a non-UTF-8 path, decoded by the OS as lone surrogates, which
+    strict JSON readers refuse) written as ``\\xNN``, through lists and dicts."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {unsurrogated(k): unsurrogated(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [unsurrogated(v) for v in value]
+    return value
+
+
 def rollcall_json(data: dict[str, Any]) -> str:
-    """Strict JSON (no NaN or Infinity: the reader keeps no time that is not one)."""
-    return json.dumps(data, indent=2, allow_nan=False)
+    """Strict JSON (no NaN or Infinity: the reader keeps no time that is not one; no lone surrogate)."""
+    return json.dumps(unsurrogated(data), indent=2, allow_nan=False)
