@@ -116,15 +116,15 @@ def test_backend_pair_stock_splits_the_draft_and_patched_does_not(tmp_path):
 
 def _tagged(tag: str) -> list[int]:
     """The live processes whose environment carries ``tag`` (a forked rank shows its parent's)."""
+    from sglang_dp_mtp_fix.diagnosis.recfile import proc_state
+
     found = []
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                if tag.encode() in f.read():
-                    with open(f"/proc/{entry}/stat") as s:
-                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            found.append(int(entry))
-        except (OSError, ValueError, IndexError):
+                if tag.encode() in f.read() and proc_state(int(entry)) not in (None, "Z", "X", "x"):
+                    found.append(int(entry))
+        except (OSError, ValueError):
             continue
     return found
 

@@ -184,8 +184,7 @@ def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]
             f = reader.read_file(path)
         except Exception:  # noqa: BLE001 - a peer's unreadable file is just not named
             continue
-        # this rank's own files (an earlier launch's included) are never a peer
-        if f.pid == os.getpid() or f.tp_rank == rec.tp_rank:
+        if f.tp_rank == rec.tp_rank:  # this rank's own files (its live one, an earlier launch's) are never a peer
             continue
         if f.tp_rank in newest and newest[f.tp_rank].start_unix > f.start_unix:
             continue

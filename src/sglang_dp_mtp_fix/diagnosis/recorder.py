@@ -136,7 +136,6 @@ class Recorder:
         self.opened = False
         self.path: str | None = None
         self.dp_rank = -1
-        self.tp_rank = -1
         self._ranks = (-1, -1, -1, -1, -1)
         self._fd: int | None = None
         # the last write-out problem logged, by kind (one line each, not one a second): the exception's type and errno,
@@ -144,13 +143,16 @@ class Recorder:
         self._problem: tuple[str, int | None] | None = None
         self._lock = threading.Lock()  # flush (monitor thread) against close/open (main thread)
 
+    @property
+    def tp_rank(self) -> int:
+        return self._ranks[2]
+
     def open(self, info: Any, ranks: tuple[int, int, int, int, int] | None = None) -> None:
         """Create the file (first round, when the ranks are known; ``ranks`` given: tests). A problem is one WARNING
         line: the recorder then keeps writing to its buffer alone (nothing recorded, the server unaffected)."""
         self.opened = True
         self._ranks = ranks or _ranks(info)
         self.dp_rank = self._ranks[0]
-        self.tp_rank = self._ranks[2]
         try:
             with self._lock:
                 self._create()

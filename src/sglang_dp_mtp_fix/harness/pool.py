@@ -8,6 +8,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sglang_dp_mtp_fix.diagnosis import recfile
 from sglang_dp_mtp_fix.harness.ports import free_port
 
 if TYPE_CHECKING:
@@ -75,11 +76,7 @@ def _gone(pid: int) -> bool:
         return True
     except PermissionError:
         return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
+    return recfile.proc_state(pid) in ("Z", "X", "x")  # None (unreadable): taken as running
 
 
 def _next_command(inbox: Any, owner: int) -> Any:
