@@ -161,19 +161,26 @@ def idle_group(directory: Path, idle_to: int, ranks: int = 2, capacity: int = 16
         patch(path, recfile.HEARTBEAT_OFFSET, "<QdqQ", 1, time.time(), start_mono + idle_to * 2000, 1)
 
 
+# Not a speed measurement: a guard against readers that never end. Each broken reader these tests were written
+# against took minutes or never finished; a sound one takes well under a second. The bound is loose so that a
+# contended CI machine cannot trip it (a 1 s bound once failed a landing at 1.24 s).
+NEVER_ENDS_S = 20.0
+
+
 def timed_rollcall(capsys, directory: Path, *args: str) -> tuple[int, str, float]:
     t0 = time.monotonic()
     code, out = run_rollcall(capsys, str(directory), *args)
     return code, out, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("idle_to", [10**7, 10**9])
+@pytest.mark.parametrize("idle_to", [10**8, 10**9])
 def test_idle_rounds_cost_nothing(tmp_path, capsys, idle_to):
-    """Before: one step per round number between the lowest and the highest (10^7 took 9 s; 10^9 never ended)."""
+    """Before: one step per round number between the lowest and the highest (10^7 took 9 s, so 10^8 takes
+    minutes; 10^9 never ended)."""
     idle_group(tmp_path, idle_to)
     code, out, took = timed_rollcall(capsys, tmp_path)
     assert code == 0 and out.endswith(f"all 2 ranks agreed up to round {idle_to}, the last round of every rank\n")
-    assert took < 1.0, took
+    assert took < NEVER_ENDS_S, took
 
 
 @release_free
@@ -184,7 +191,7 @@ def test_a_full_65536_record_ring_is_read_in_linear_time(tmp_path, capsys):
     code, out, took = timed_rollcall(capsys, tmp_path, "--json")
     data = json.loads(out)
     assert code == 0 and data["ranks"][0]["records"] == recfile.MAX_CAPACITY, data["answer"]
-    assert took < 3.0, took
+    assert took < NEVER_ENDS_S, took
 
 
 @pytest.mark.parametrize(
@@ -205,7 +212,7 @@ def test_a_field_that_cannot_be_true_is_named_and_never_blames_another_rank(tmp_
     corrupt(rank_file(tmp_path, 0))
     code, out, took = timed_rollcall(capsys, tmp_path, "--json")
     data = json.loads(out)
-    assert took < 1.0, took
+    assert took < NEVER_ENDS_S, took
     assert "never_reached" not in data and "behind_ranks" not in data and "divergence" not in data, data["answer"]
     rank0, rank1 = data["ranks"]
     assert rank1["implausible"] == [] and (rank0["implausible"] or what == "round_max_one_copy"), data["ranks"]
