@@ -444,3 +444,24 @@ def test_a_file_that_cannot_be_made_again_is_one_warning_not_one_a_second(tmp_pa
     finally:
         monkeypatch.undo()
         rec.close()
+
+
+@release_free  # the writer reads no SGLang
+def test_a_file_made_again_reads_true_before_its_next_heartbeat(tmp_path):
+    """Issue 54, finding 9: the file made again got a new start, later than the heartbeat it carries over, so for
+    about a second a healthy rank's file read "heartbeat before the file was opened" (a field that cannot be true)."""
+    rec = recorder.Recorder(str(tmp_path), 16)
+    rec.open(None, ranks=(0, 1, 0, 1, 0))
+    try:
+        for _ in range(5):
+            rec.enter()
+            rec.sync(2, 2, ALL_YES)
+        rec.heartbeat(1)
+        first = reader.read_file(rec.path or "")
+        os.unlink(rec.path or "")
+        rec.heartbeat(2)  # the write-out makes the file again
+        again = reader.read_file(rec.path or "")
+        assert again.path != first.path and again.implausible == [], again.implausible
+        assert (again.start_unix, again.start_mono, again.entered) == (first.start_unix, first.start_mono, 5)
+    finally:
+        rec.close()

@@ -186,7 +186,8 @@ def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]
             continue
         if f.tp_rank == rec.tp_rank:  # this rank's own files (its live one, an earlier launch's) are never a peer
             continue
-        if f.tp_rank in newest and newest[f.tp_rank].start_unix > f.start_unix:
+        # the peer's latest heartbeat (a file made again keeps its run's start: the start alone ties)
+        if f.tp_rank in newest and _latest(newest[f.tp_rank]) > _latest(f):
             continue
         newest[f.tp_rank] = f
     stale, live = [], []
@@ -204,6 +205,10 @@ def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]
 _monitor: Monitor | None = None
 _stall_s: float | None = None
 _dp_rank = -1
+
+
+def _latest(f: reader.RankFile) -> tuple[float, float]:
+    return f.heartbeat_wall, f.start_unix
 
 
 def configure(stall_s: float | None) -> None:

@@ -138,6 +138,9 @@ class Recorder:
         self.dp_rank = -1
         self._ranks = (-1, -1, -1, -1, -1)
         self._fd: int | None = None
+        # the recorder's start (wall, monotonic ns), stamped into every file it makes: a file made again carries the
+        # ring and the heartbeat of the same run, so a later start would put that heartbeat before the file's opening
+        self._start: tuple[float, int] | None = None
         # the last write-out problem logged, by kind (one line each, not one a second): the exception's type and errno,
         # never its text, which names a new random file each try
         self._problem: tuple[str, int | None] | None = None
@@ -175,11 +178,11 @@ class Recorder:
             # Every block now: a full disk or a quota fails here (ENOSPC, EDQUOT), at open, as one warning line
             os.posix_fallocate(fd, 0, self.size)
             buf = self.buf
-            # the start is the file's: rollcall reads the newest file of a rank, so a copy left at the old path is
-            # superseded by this one
+            # a copy left at the old path is superseded by this file through its heartbeat (rollcall's liveliest)
+            start_unix, start_mono = self._start or (time.time(), time.monotonic_ns())
             HEADER.pack_into(
                 buf, 0, b"\0" * 8, FORMAT_VERSION, HEADER_SIZE, RECORD.size, self.capacity, dp_rank, dp_size,
-                tp_rank, tp_size, global_rank, os.getpid(), time.time(), time.monotonic_ns(),
+                tp_rank, tp_size, global_rank, os.getpid(), start_unix, start_mono,
                 __version__.encode()[:32], sglang_version().encode()[:32], socket.gethostname().encode()[:64],
             )  # fmt: skip
             recfile.PROC_START.pack_into(buf, recfile.PROC_START_OFFSET, recfile.proc_start_ticks())
@@ -192,7 +195,7 @@ class Recorder:
             with contextlib.suppress(OSError):  # no half-made file left for rollcall to refuse
                 os.unlink(path)
             raise
-        old, self._fd, self.path = self._fd, fd, path
+        old, self._fd, self.path, self._start = self._fd, fd, path, (start_unix, start_mono)
         if old is not None:
             os.close(old)
 
@@ -247,7 +250,7 @@ class Recorder:
                 os.close(self._fd)  # the child's copy of the descriptor; the parent's stays open
         self._fd = None
         self._use(bytearray(self.size))
-        self.path, self.opened = None, False
+        self.path, self.opened, self._start = None, False, None
         self.round = self.recorded_round = self.path_round = 0
         self.word = self.size // 8 - RECORD_WORDS
 
