@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from releases import SGLANG_VERSION
-from support import expected_status, requires_sglang, run_cli
+from support import expected_status, release_free, requires_sglang, run_cli
 
 from sglang_dp_mtp_fix.harness.pool import START_ENV
 
@@ -52,6 +52,17 @@ def test_simulate_stock_splits_and_patched_does_not(ranks):
     else:
         assert data["patched"] is None
         assert data["stock"]["divergent_rounds"] == 0  # superseded upstream, or the bug cannot happen
+
+
+@release_free  # the report write that stops the ranks is the plugin's own, before any SGLang code is read
+def test_a_strict_stop_in_the_ranks_is_one_line_and_exit_2(tmp_path):
+    """Issue 54 (lower-harm): strict with a report directory that does not exist stops the patched arm's ranks, as it
+    stops a launch; simulate printed the ranks' traceback and exited 1 ("not patched" or "a divergence")."""
+    env = {START_ENV: "fork", "SGLANG_DP_MTP_FIX": "strict", "SGLANG_DP_MTP_FIX_REPORT_DIR": str(tmp_path / "none")}
+    proc = run_cli(["simulate", "--rounds", "3"], env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("simulate:")]
+    assert "stopped, as a launch would" in line and "SGLANG_DP_MTP_FIX_REPORT_DIR" in line, line
 
 
 def test_trace_file_round_trip(tmp_path):

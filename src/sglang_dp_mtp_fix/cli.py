@@ -221,6 +221,10 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             trace=trace,
         )
     except RankError as exc:
+        if exc.error_type == "StrictModeAbort":  # what a launch under these settings does too (doctor: exit 2)
+            print(f"simulate: the patched arm's ranks stopped, as a launch would: {escape(exc.error or '')}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         if backends is None:
             raise
         # e.g. 0.5.23 validates the built EP group against the re-published ServerArgs (the harness builds EP 1)

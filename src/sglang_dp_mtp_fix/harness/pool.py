@@ -62,7 +62,17 @@ def _not_pristine_here() -> str | None:
 
 
 class RankError(RuntimeError):
-    pass
+    """A rank failed or did not answer. ``error_type`` and ``error``: the rank's own exception (its class name and
+    text), where one was raised, for callers that answer a kind of failure (``StrictModeAbort``) in one line."""
+
+    def __init__(self, message: str, failure: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.error_type: str | None = (failure or {}).get("error_type")
+        self.error: str | None = (failure or {}).get("error")
+
+
+def _failure(rank: int, exc: BaseException) -> dict[str, Any]:
+    return {"rank": rank, "error_type": type(exc).__name__, "error": str(exc), "traceback": traceback.format_exc()}
 
 
 ORPHAN_POLL_S = 1.0
@@ -101,8 +111,8 @@ def _rank_main(
         from sglang_dp_mtp_fix.harness import rank as r
 
         outbox.put(("ok", r.setup(rank, world, port, str(DUMMY_MODEL), load_plugins)))
-    except BaseException:  # noqa: BLE001 - report, then exit
-        outbox.put(("error", {"rank": rank, "traceback": traceback.format_exc()}))
+    except BaseException as exc:  # noqa: BLE001 - report, then exit
+        outbox.put(("error", _failure(rank, exc)))
         return
     while True:
         item = _next_command(inbox, owner)
@@ -113,9 +123,7 @@ def _rank_main(
             result = r.handle(command, payload)
             outbox.put(("ok", result))
         except BaseException as exc:  # noqa: BLE001
-            outbox.put(
-                ("error", {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
-            )
+            outbox.put(("error", _failure(rank, exc)))
     try:
         import torch.distributed as dist
 
@@ -190,7 +198,9 @@ class RankPool:
             ):
                 r, payload = errors[0]
                 pending = sorted(set(range(self.world)) - set(answers))
-                raise RankError(f"rank {r} failed (ranks {pending} blocked):\n{payload.get('traceback', payload)}")
+                raise RankError(
+                    f"rank {r} failed (ranks {pending} blocked):\n{payload.get('traceback', payload)}", payload
+                )
             if time.monotonic() > deadline:
                 pending = sorted(set(range(self.world)) - set(answers))
                 raise RankError(f"ranks {pending} did not answer within {timeout or self.timeout}s")
@@ -200,7 +210,7 @@ class RankPool:
         for rank in range(self.world):
             status, payload = answers[rank]
             if status != "ok":
-                raise RankError(f"rank {rank} failed:\n{payload.get('traceback', payload)}")
+                raise RankError(f"rank {rank} failed:\n{payload.get('traceback', payload)}", payload)
         return [answers[rank][1] for rank in range(self.world)]
 
     def describe_failure(self) -> str:
