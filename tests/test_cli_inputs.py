@@ -127,6 +127,36 @@ def test_ctrl_c_and_a_closed_pipe_end_quietly_with_the_shells_codes(tmp_path):
     assert proc.wait(30) == 141 and proc.stderr.read() == b""
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib")
+def test_ctrl_c_while_the_cli_loads_is_exit_130_without_a_traceback(monkeypatch):
+    """Issue 54 (lower-harm): the console script imported ``cli`` before ``cli.main``'s Ctrl-C handling existed, so a
+    Ctrl-C in those ~0.1 s was a KeyboardInterrupt traceback. The script's own target, as pyproject.toml declares it."""
+    import importlib
+    import importlib.abc
+    from pathlib import Path
+
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    module, attr = pyproject["project"]["scripts"]["sglang-dp-mtp-fix"].split(":")
+
+    class CtrlC(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: object, target: object = None) -> None:
+            if name == "sglang_dp_mtp_fix.doctor":  # STAND-IN: the moment SIGINT lands, made exact (no timing)
+                raise KeyboardInterrupt
+            return None
+
+    for name in ("sglang_dp_mtp_fix.cli", "sglang_dp_mtp_fix.doctor", module):
+        if name in sys.modules:
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [CtrlC(), *sys.meta_path])
+    monkeypatch.setattr(sys, "argv", ["sglang-dp-mtp-fix", "--version"])
+    try:
+        assert getattr(importlib.import_module(module), attr)() == 130
+    except KeyboardInterrupt:
+        pytest.fail("a KeyboardInterrupt reached the script wrapper (a traceback)")
+
+
 def test_a_trace_is_checked_whole_before_any_rank_starts(tmp_path, capsys, monkeypatch):
     """Before: a bad state in a later line came from inside a rank, after the ranks had started."""
     from sglang_dp_mtp_fix.harness import pool

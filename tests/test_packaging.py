@@ -29,4 +29,4 @@ def test_pyproject_declares_sglang_only_as_an_extra():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["dependencies"] == []
     assert any(r.startswith("sglang") for r in project["optional-dependencies"]["sglang"])
-    assert project["scripts"]["sglang-dp-mtp-fix"] == "sglang_dp_mtp_fix.cli:main"
+    assert project["scripts"]["sglang-dp-mtp-fix"] == "sglang_dp_mtp_fix.console:main"

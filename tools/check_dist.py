@@ -49,7 +49,7 @@ def check_wheel(path: Path, root: Path) -> list[str]:
     if plugins.get("dp_mtp_fix") != "sglang_dp_mtp_fix.plugin:register":
         problems.append(f"entry point sglang.srt.plugins:dp_mtp_fix missing or wrong: {plugins}")
     scripts = dict(entry_points["console_scripts"]) if entry_points.has_section("console_scripts") else {}
-    if scripts.get("sglang-dp-mtp-fix") != "sglang_dp_mtp_fix.cli:main":
+    if scripts.get("sglang-dp-mtp-fix") != "sglang_dp_mtp_fix.console:main":
         problems.append(f"console script sglang-dp-mtp-fix missing or wrong: {scripts}")
     patches = sorted(
         p.relative_to(root / "src").as_posix() for p in (root / "src/sglang_dp_mtp_fix/patches").glob("*.py")
