@@ -85,9 +85,14 @@ def cases(tmp: str) -> list[tuple[dict[str, str], int, str, list[str]]]:
         # Before: "the fix will be applied" (exit 0) for a launch that stops at load.
         ({"SGLANG_DP_MTP_FIX": "strict", "SGLANG_DP_MTP_FIX_RECORDER_DIR": MISSING}, 2 if records else 0,
          "the launch stops (strict): SGLANG_DP_MTP_FIX_RECORDER_DIR" if records else "",
-         [f"DIRECTORY:    SGLANG_DP_MTP_FIX_RECORDER_DIR={MISSING}: No such file" if records else ""]),
+         [f"DIRECTORY:    SGLANG_DP_MTP_FIX_RECORDER_DIR directory '{MISSING}': No such file" if records else ""]),
         ({"SGLANG_DP_MTP_FIX_REPORT_DIR": MISSING}, 2,
          "configuration error: SGLANG_DP_MTP_FIX_REPORT_DIR: the launch goes on with no report files", []),
+        # Before (issue 54, lower-harm): "SGLANG_DP_MTP_FIX_REPORT_DIR=<the path without its space>", not what was typed
+        ({"SGLANG_DP_MTP_FIX_REPORT_DIR": f"{MISSING} "}, 2,
+         "configuration error: SGLANG_DP_MTP_FIX_REPORT_DIR: the launch goes on with no report files",
+         [f"SGLANG_DP_MTP_FIX_REPORT_DIR    '{MISSING} ' -> {MISSING}",
+          f"DIRECTORY:    SGLANG_DP_MTP_FIX_REPORT_DIR directory '{MISSING}': No such file"]),
         ({"SGLANG_DP_MTP_FIX": "strict", "SGLANG_DP_MTP_FIX_REPORT_DIR": "/proc/sys"}, 2,
          "the launch stops (strict): SGLANG_DP_MTP_FIX_REPORT_DIR", ["cannot create a file there"]),
         # Before: neither variable shown.
@@ -170,4 +175,5 @@ def test_a_directory_on_a_full_filesystem_is_a_problem(env, want_rc, verdict, tm
     out = capsys.readouterr().out
     (line,) = [x for x in out.splitlines() if x.startswith("  verdict:      ")]
     assert rc == want_rc and verdict in line, out
-    assert f"DIRECTORY:    {next(iter(env.keys() - {'SGLANG_DP_MTP_FIX'}))}={tmp_path}: its filesystem is full" in out
+    name = next(iter(env.keys() - {"SGLANG_DP_MTP_FIX"}))
+    assert f"DIRECTORY:    {name} directory '{tmp_path}': its filesystem is full" in out

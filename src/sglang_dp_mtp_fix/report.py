@@ -170,9 +170,15 @@ def report_data(outcomes: Sequence[Outcome], config: Config) -> dict[str, object
     }
 
 
+def naming(directory: str, env_name: str) -> str:
+    """How a message names a directory: the path in use, quoted, never ``VAR=path`` (the value is stripped of
+    surrounding spaces, so the path can differ from what was typed; ``doctor`` shows both)."""
+    return f"{env_name} directory {directory!r}"
+
+
 def check_directory(directory: str, env_name: str) -> None:
     """The directory rules (module doc): exists, a directory, not a symbolic link; raises ReportFileError."""
-    where = f"{env_name}={directory}"
+    where = naming(directory, env_name)
     try:
         st = os.lstat(directory)
     except OSError as exc:
@@ -200,7 +206,8 @@ def space_problem(directory: str, env_name: str) -> str | None:
     if free < MIN_FREE_BYTES or (fs.f_files > 0 and inodes == 0):  # f_files 0: no inode limit (btrfs)
         left = f"{free} bytes" if free < MIN_FREE_BYTES else "no inode"
         return (
-            f"{env_name}={directory}: its filesystem is full ({left} free to this user); nothing can be written there"
+            f"{naming(directory, env_name)}: its filesystem is full ({left} free to this user); nothing can be written "
+            "there"
         )
     return None
 
@@ -213,7 +220,10 @@ def directory_problem(directory: str, env_name: str) -> str | None:
     except ReportFileError as exc:
         return str(exc)
     if not os.access(directory, os.W_OK | os.X_OK):
-        return f"{env_name}={directory}: this user cannot create a file there (permissions, or a read-only filesystem)"
+        return (
+            f"{naming(directory, env_name)}: this user cannot create a file there (permissions, or a read-only "
+            "filesystem)"
+        )
     return space_problem(directory, env_name)
 
 
@@ -221,7 +231,7 @@ def create_in_directory(directory: str, env_name: str, name: str, flags: int = o
     """Create ``name`` in ``directory`` under the report-file rules (module doc): the directory must exist and not be
     a symbolic link, the file must not exist (never followed, never overwritten). Returns (fd, path); raises
     ReportFileError naming the variable, the path and the reason. Shared with the flight recorder."""
-    where = f"{env_name}={directory}"
+    where = naming(directory, env_name)
     check_directory(directory, env_name)
     path = os.path.join(directory, name)
     try:

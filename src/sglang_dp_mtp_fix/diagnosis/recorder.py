@@ -31,7 +31,6 @@ import logging
 import os
 import secrets
 import socket
-import stat
 import threading
 import time
 import weakref
@@ -441,14 +440,12 @@ def active() -> Recorder | None:
 
 
 def check_directory(directory: str) -> str | None:
-    """The report-file rules, checked at load: exists, a directory, not a symbolic link."""
-    where = f"{RECORDER_DIR_ENV}={directory}"
+    """The report-file rules (``report.check_directory``), checked at load: exists, a directory, not a link."""
+    from sglang_dp_mtp_fix import report
+    from sglang_dp_mtp_fix.errors import ReportFileError
+
     try:
-        st = os.lstat(directory)
-    except OSError as exc:
-        return f"{where}: {exc.strerror} (the plugin never creates the directory)"
-    if stat.S_ISLNK(st.st_mode):
-        return f"{where} is a symbolic link; refusing to follow it (point the variable at the real one)"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{where} is not a directory"
+        report.check_directory(directory, RECORDER_DIR_ENV)
+    except ReportFileError as exc:
+        return str(exc)
     return None
