@@ -298,7 +298,37 @@ def test_the_stall_lines_peers_are_never_this_ranks_own_older_files(tmp_path, mo
     me.open(None, ranks=(0, 2, 0, 2, 0))
     try:
         monkeypatch.setattr(recorder, "_active", me)
-        stale, live = monitor.peer_heartbeats()
-        assert [s.split("(")[0] for s in stale] == ["dp1"] and live == [], stale
+        stale, live, unread = monitor.peer_heartbeats()
+        assert [s.split("(")[0] for s in stale] == ["dp1"] and live == [] and unread == 0, stale
     finally:
+        me.close()
+
+
+def test_the_stall_lines_peer_scan_reads_the_newest_files_first_and_stops_at_its_budget(tmp_path, monkeypatch):
+    """Issue 54 (lower-harm): the scan read every file whole, in the thread that writes the heartbeat: 20,000 files
+    of earlier launches paused the heartbeat ~4.7 s. Now headers only, newest first, for PEER_SCAN_BUDGET_S (a clock
+    that moves 10 ms a look, so the budget ends after ~25 files, whatever this machine's speed)."""
+    import shutil
+
+    from sglang_dp_mtp_fix.diagnosis import recorder
+
+    old = recorder.Recorder(str(tmp_path), 4)
+    old.open(None, ranks=(1, 2, 1, 2, 1))
+    old.close()
+    for i in range(200):  # an earlier launch's files, a day old
+        copy = tmp_path / f"sglang-dp-mtp-fix-old-dp1-{i}-00000000.rec"
+        shutil.copyfile(old.path or "", copy)
+        os.utime(copy, (time.time() - 86400, time.time() - 86400))
+    os.unlink(old.path or "")
+    peer, me = recorder.Recorder(str(tmp_path), 4), recorder.Recorder(str(tmp_path), 4)
+    peer.open(None, ranks=(1, 2, 1, 2, 1))
+    me.open(None, ranks=(0, 2, 0, 2, 0))
+    ticks = iter(range(10**6))
+    try:
+        peer.heartbeat(1)
+        monkeypatch.setattr(recorder, "_active", me)
+        stale, live, unread = monitor.peer_heartbeats(clock=lambda: next(ticks) * 0.01)
+        assert live == ["dp1"] and stale == [] and 150 < unread < 200, (stale, live, unread)
+    finally:
+        peer.close()
         me.close()

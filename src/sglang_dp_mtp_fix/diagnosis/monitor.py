@@ -137,9 +137,11 @@ class Monitor:
         fields["where"] = where
         fields["stalled_s"] = f"{now - self.last_change:.1f}"
         fields["stall_s"] = f"{self.stall_s:g}"
-        stale, live = peer_heartbeats()
+        stale, live, unread = peer_heartbeats()
         fields["stale_peers"] = ",".join(stale) or "none"
         fields["live_peers"] = ",".join(live) or "none"
+        if unread:
+            fields["peer_files_unread"] = unread
         return "sglang-dp-mtp-fix: stall: " + " ".join(f"{k}={v}" for k, v in fields.items())
 
     def recovery_line(self, now: float) -> str:
@@ -170,18 +172,33 @@ class Monitor:
             self.thread.join(5 * _TICK_S)
 
 
-def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]]:
-    """The other ranks' heartbeats readable in this host's recorder directory: (stale, live), as ``dp<R>(...)``."""
+# The peer scan runs in the thread that writes the heartbeat: it stops after this long (a quarter of a tick) and says
+# how many files it left unread. Newest first: a live peer's file is written every tick, an earlier launch's never.
+PEER_SCAN_BUDGET_S = 0.25
+
+
+def peer_heartbeats(
+    now_wall: float | None = None, clock: Callable[[], float] = time.monotonic
+) -> tuple[list[str], list[str], int]:
+    """The other ranks' heartbeats readable in this host's recorder directory: (stale, live), as ``dp<R>(...)``, and
+    the number of files left unread when the scan's budget ran out (20,000 files of earlier launches paused the
+    heartbeat ~4.7 s when each was read whole)."""
     from sglang_dp_mtp_fix.diagnosis import recorder
 
     rec = recorder.active()
     if rec is None or rec.path is None:
-        return [], []
+        return [], [], 0
     now_wall = time.time() if now_wall is None else now_wall
+    deadline = clock() + PEER_SCAN_BUDGET_S
+    paths = _newest_first(reader.files_in(rec.directory))
     newest: dict[int, reader.RankFile] = {}
-    for path in reader.files_in(rec.directory):
+    unread = 0
+    for n, path in enumerate(paths):
+        if clock() > deadline:
+            unread = len(paths) - n
+            break
         try:
-            f = reader.read_file(path)
+            f = reader.read_header(path)
         except Exception:  # noqa: BLE001 - a peer's unreadable file is just not named
             continue
         if f.tp_rank == rec.tp_rank:  # this rank's own files (its live one, an earlier launch's) are never a peer
@@ -199,16 +216,26 @@ def peer_heartbeats(now_wall: float | None = None) -> tuple[list[str], list[str]
                          f"state={reader.process_state(f)})")  # fmt: skip
         else:
             live.append(name)
-    return stale, live
+    return stale, live, unread
+
+
+def _newest_first(paths: list[str]) -> list[str]:
+    def modified(path: str) -> int:
+        try:
+            return os.lstat(path).st_mtime_ns
+        except OSError:
+            return 0
+
+    return sorted(paths, key=modified, reverse=True)
+
+
+def _latest(f: reader.RankFile) -> tuple[float, float]:
+    return f.heartbeat_wall, f.start_unix
 
 
 _monitor: Monitor | None = None
 _stall_s: float | None = None
 _dp_rank = -1
-
-
-def _latest(f: reader.RankFile) -> tuple[float, float]:
-    return f.heartbeat_wall, f.start_unix
 
 
 def configure(stall_s: float | None) -> None:

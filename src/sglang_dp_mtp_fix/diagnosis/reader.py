@@ -138,9 +138,13 @@ def _unix_time(value: float) -> bool:
     return math.isfinite(value) and EARLIEST_UNIX <= value <= LATEST_UNIX
 
 
-def _read_twice(path: str) -> tuple[bytes, bytes, os.stat_result]:
-    """The file's bytes, read twice (a record the writer changed in between is skipped). Never follows a link, never
-    blocks on a FIFO, never reads more than the largest file the format allows."""
+# One byte past the largest file the format allows: a longer file is seen as padded, and never read whole
+_WHOLE = HEADER_SIZE + MAX_CAPACITY * RECORD.size + 1
+
+
+def _read_twice(path: str, nbytes: int = _WHOLE) -> tuple[bytes, bytes, os.stat_result]:
+    """The file's first ``nbytes``, read twice (a record the writer changed in between is skipped). Never follows a
+    link, never blocks on a FIFO."""
     try:
         st = os.lstat(path)
     except OSError as exc:
@@ -149,12 +153,11 @@ def _read_twice(path: str) -> tuple[bytes, bytes, os.stat_result]:
         raise RecorderFileError("not a regular file (a link, a FIFO or a device is never opened)")
     if st.st_size < HEADER_SIZE:
         raise RecorderFileError(f"truncated: {st.st_size} bytes, the header alone is {HEADER_SIZE}")
-    limit = HEADER_SIZE + MAX_CAPACITY * RECORD.size
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            first = os.pread(fd, limit + 1, 0)
-            second = os.pread(fd, limit + 1, 0)
+            first = os.pread(fd, nbytes, 0)
+            second = os.pread(fd, nbytes, 0)
         finally:
             os.close(fd)
     except OSError as exc:
@@ -166,6 +169,20 @@ def read_file(path: str) -> RankFile:
     """One rank's file; raises RecorderFileError with the reason. A header field that cannot be true refuses the file;
     a round or time that cannot be true is named in ``implausible`` and not used."""
     first, second, st = _read_twice(path)
+    rank = _header(path, first, second, st, (len(first), len(second)))
+    _read_records(rank, first, second)
+    return rank
+
+
+def read_header(path: str) -> RankFile:
+    """One rank's header alone, no records (``records`` empty): the stall line's peer scan, which runs in the thread
+    that writes the heartbeat and must not stop it for long (a whole file costs ~100x a header)."""
+    first, second, st = _read_twice(path, HEADER_SIZE)
+    return _header(path, first, second, st, (st.st_size, st.st_size))
+
+
+def _header(path: str, first: bytes, second: bytes, st: os.stat_result, sizes: tuple[int, int]) -> RankFile:
+    """The header of a file read twice (``sizes``: the file's length in each read)."""
     if len(first) < HEADER_SIZE:
         raise RecorderFileError(f"truncated: {len(first)} bytes, the header alone is {HEADER_SIZE}")
     h = HEADER.unpack_from(first, 0)
@@ -182,8 +199,8 @@ def read_file(path: str) -> RankFile:
     if not 1 <= capacity <= MAX_CAPACITY:
         raise RecorderFileError(f"corrupt header: capacity {capacity}")
     want = HEADER_SIZE + capacity * RECORD.size
-    if len(first) != want or len(second) != want:
-        raise RecorderFileError(f"truncated or padded: {len(first)} bytes, the header promises {want}")
+    if sizes != (want, want):
+        raise RecorderFileError(f"truncated or padded: {sizes[0]} bytes, the header promises {want}")
     dp_rank, dp_size, tp_rank, tp_size, global_rank, pid, start_unix, start_mono, plugin_v, sglang_v, host = h[5:]
     _check_ranks(dp_rank, dp_size, tp_rank, tp_size, pid)
     # The later read's entered round: every record of the first read was written before it (rounds only grow).
@@ -201,7 +218,6 @@ def read_file(path: str) -> RankFile:
                 rank.heartbeat_wall, rank.heartbeat_ticks, rank.heartbeat_mono = wall, ticks, mono
             break
     _check_times(rank)
-    _read_records(rank, first, second)
     return rank
 
 
