@@ -199,7 +199,10 @@ def test_a_round_stored_as_words_is_the_record_layout_byte_for_byte(tmp_path):
     finally:
         rec.close()
     (ns,) = struct.unpack_from("<q", raw, 8)
-    assert raw == recfile.RECORD.pack(6, ns, 70_006, 7, ALL_YES, 6, -1, EAGER, 6)
+    word = 70_006 | 7 << recfile.MODE_SHIFT | ALL_YES << recfile.FLAGS_SHIFT
+    path_word = -1 & recfile.U32 | EAGER << recfile.PATH_SHIFT
+    end, stamp = 6 | recfile.sync_check(ns, word), 6 | recfile.path_check(path_word)
+    assert raw == recfile.RECORD.pack(6, ns, 70_006, 7, ALL_YES, end, -1, EAGER, stamp)
     assert 0 < ns <= time.monotonic_ns()
 
 

@@ -35,9 +35,13 @@ from sglang_dp_mtp_fix.diagnosis.recfile import (
     PROC_START,
     PROC_START_OFFSET,
     RECORD,
+    ROUND_MASK,
     RUNNER_GATHERS,
     SENT_DRAFT,
     SENT_GENERIC,
+    WORDS,
+    path_check,
+    sync_check,
 )
 from sglang_dp_mtp_fix.errors import RecorderFileError
 
@@ -59,8 +63,9 @@ class Record:
     tokens: int
     mode: int
     flags: int
-    path: int | None  # None: no draft path recorded for this round
+    path: int | None  # None: no draft path recorded for this round (or ``path_damaged``)
     bucket: int
+    path_damaged: bool = False  # a path was recorded but fails its check: unknown, compared on the votes only
 
     def key(self, pending: bool) -> tuple[Any, ...]:
         """What makes collectives differ: the group votes, the draft path and (when the runner gathers, so the
@@ -266,6 +271,7 @@ def _read_records(f: RankFile, first: bytes, second: bytes) -> None:
         f.entered_trusted = False
     top = f.entered if f.entered_trusted else bound
     beyond: list[int] = []
+    damaged: list[int] = []  # rounds of records whose check fails: a flipped bit, never a decision
     same = first == second
     for slot in range(f.capacity):
         off = HEADER_SIZE + slot * RECORD.size
@@ -278,19 +284,31 @@ def _read_records(f: RankFile, first: bytes, second: bytes) -> None:
             if raw != bytes(RECORD.size):
                 f.skipped += 1
             continue  # never written
-        if begin != end or flags > 15 or (code & 3) == 3 or code > 7:
+        if begin != end & ROUND_MASK:
             f.skipped += 1  # cut while being written (or not a record)
             continue
-        if end > top or t_ns < 0:
-            beyond.append(end)
+        words = WORDS.unpack(raw)
+        if end != begin | sync_check(words[1], words[2]) or flags > 15:
+            damaged.append(begin)
             continue
-        old = f.records.get(end)
+        if begin > top or t_ns < 0:
+            beyond.append(begin)
+            continue
+        old = f.records.get(begin)
         if old is not None and old.t_ns > t_ns:
             continue  # two records of one round (nothing gathered in between): the later one holds
-        f.records[end] = Record(end, t_ns, tokens, mode, flags, code if stamp == end else None, bucket)
+        recorded = stamp & ROUND_MASK == begin  # a draft path recorded for this round
+        path_damaged = recorded and (stamp != begin | path_check(words[4]) or (code & 3) == 3 or code > 7)
+        if path_damaged:
+            damaged.append(begin)  # the votes hold; the path is unknown (compared on the votes only)
+        path = code if recorded and not path_damaged else None
+        f.records[begin] = Record(begin, t_ns, tokens, mode, flags, path, bucket, path_damaged)
     if beyond:
         what = f"the entered round {f.entered}" if f.entered_trusted else f"the file's own clock's bound {bound}"
         _name(f, "record_round", max(beyond), f"{len(beyond)} record(s) of a round beyond {what}, or before boot")
+    if damaged:
+        reason = f"{len(damaged)} record(s) that fail their check (a flipped bit; the first named): not compared"
+        _name(f, "record_check", min(damaged), reason)
     f.last_round = max(f.records, default=0)
 
 

@@ -30,6 +30,11 @@ by the write-out's snapshot has two different copies and is detected, never take
 is known later in the round (the draft runner's ``can_run_graph``): ``PATH``'s words 4 and 5, the round again last.
 The reader reads the file twice and keeps only records identical in both reads (a record being written meanwhile is
 skipped).
+
+Each last copy of the round (words 3 and 5) carries a check above the round (``CHECK_SHIFT``): the number of bits set
+in what it vouches for, words 1 XOR 2 (the time and the votes) and word 4 (the draft path). A bit flipped in a
+decision (a disk, memory, a stray write) fails it: the reader names the record as damaged instead of reading the flip
+as a decision, which another rank's would then "diverge" from.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import socket
 import struct
 
 MAGIC = b"SDMFREC1"
-FORMAT_VERSION = 2  # 2: process start, boot id and heartbeat in the header; blocks allocated at open
+FORMAT_VERSION = 3  # 2: process start, boot id and heartbeat in the header, blocks allocated at open; 3: checks
 CAPACITY = 256
 MAX_CAPACITY = 1 << 16
 HEADER_SIZE = 256
@@ -63,6 +68,21 @@ PATH = struct.Struct("<iB3xQ")  # at offset SYNC.size
 assert HEADER_SIZE % 8 == 0 and RECORD.size % 8 == 0 and ENTERED_OFFSET % 8 == 0
 MODE_SHIFT, FLAGS_SHIFT, PATH_SHIFT = 32, 40, 32
 U32 = 0xFFFFFFFF
+WORDS = struct.Struct("<6Q")  # a record as the writer's words
+# Words 3 and 5: round | check << CHECK_SHIFT (rounds stay below 2^53: ``reader.MAX_ROUND``)
+CHECK_SHIFT = 56
+ROUND_MASK = (1 << CHECK_SHIFT) - 1
+
+
+def sync_check(t_ns: int, word: int) -> int:
+    """Word 3's check, shifted into place (the writer inlines it)."""
+    return (t_ns ^ word).bit_count() << CHECK_SHIFT
+
+
+def path_check(word: int) -> int:
+    """Word 5's check, shifted into place (the writer inlines it)."""
+    return word.bit_count() << CHECK_SHIFT
+
 
 FILE_GLOB = re.compile(r"^sglang-dp-mtp-fix-.*\.rec$")
 

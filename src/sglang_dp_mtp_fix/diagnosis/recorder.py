@@ -43,6 +43,7 @@ from sglang_dp_mtp_fix.config import RECORDER_DIR_ENV
 from sglang_dp_mtp_fix.diagnosis import recfile
 from sglang_dp_mtp_fix.diagnosis.recfile import (
     CAPACITY,
+    CHECK_SHIFT,
     ENTERED_OFFSET,
     FLAGS_SHIFT,
     FORMAT_VERSION,
@@ -59,6 +60,7 @@ from sglang_dp_mtp_fix.diagnosis.recfile import (
     PATH_GRAPH,
     PATH_SHIFT,
     RECORD,
+    ROUND_MASK,
     RUNNER_GATHERS,
     SENT_DRAFT,
     SENT_GENERIC,
@@ -236,7 +238,7 @@ class Recorder:
         if round_ == 0 or round_ != self.recorded_round:
             return "none", None
         bucket, code, stamp = PATH.unpack_from(self.buf, self.word * 8 + SYNC.size)
-        if stamp != round_:
+        if stamp & ROUND_MASK != round_:
             return "unknown", None  # no draft-runner decision recorded for it (yet, or no graph runner)
         return recfile.PATH_NAMES.get(code & 3, "?"), bucket
 
@@ -280,18 +282,19 @@ class Recorder:
         if w * 8 >= self.size:
             w = HEADER_WORDS
         u64, self.word = self.u64, w
+        t, word = time.monotonic_ns(), tokens & U32 | mode << MODE_SHIFT | flags << FLAGS_SHIFT
         u64[w] = r
-        u64[w + 1] = time.monotonic_ns()
-        u64[w + 2] = tokens & U32 | mode << MODE_SHIFT | flags << FLAGS_SHIFT
-        u64[w + 3] = r
+        u64[w + 1] = t
+        u64[w + 2] = word
+        u64[w + 3] = r | (t ^ word).bit_count() << CHECK_SHIFT  # recfile.sync_check
 
     def draft_path(self, path: int, bucket: int) -> None:
         """The draft path of the round in progress (into its record, when it has one)."""
         r = self.path_round = self.round
         if self.recorded_round == r:
-            w = self.word
-            self.u64[w + 4] = bucket & U32 | path << PATH_SHIFT
-            self.u64[w + 5] = r
+            w, word = self.word, bucket & U32 | path << PATH_SHIFT
+            self.u64[w + 4] = word
+            self.u64[w + 5] = r | word.bit_count() << CHECK_SHIFT  # recfile.path_check
 
 
 ENTERED_WORD, HEADER_WORDS, RECORD_WORDS = ENTERED_OFFSET // 8, HEADER_SIZE // 8, RECORD.size // 8
@@ -410,10 +413,12 @@ def instrument(
             w = HEADER_WORDS
         u64 = rec.u64
         rec.word = w
+        t = monotonic_ns()
+        word = mlp_sync_info.num_tokens & U32 | batch.forward_mode << MODE_SHIFT | flags << FLAGS_SHIFT
         u64[w] = r
-        u64[w + 1] = monotonic_ns()
-        u64[w + 2] = mlp_sync_info.num_tokens & U32 | batch.forward_mode << MODE_SHIFT | flags << FLAGS_SHIFT
-        u64[w + 3] = r
+        u64[w + 1] = t
+        u64[w + 2] = word
+        u64[w + 3] = r | (t ^ word).bit_count() << CHECK_SHIFT  # recfile.sync_check
         return result
 
     def can_run_graph(self: Any, forward_batch: Any) -> Any:

@@ -112,7 +112,7 @@ def _first_divergence(ranks: Sequence[RankFile], labels: dict[str, int]) -> tupl
         for f in ranks:
             rec = f.records.get(r)
             if rec is not None:
-                pending = r == f.last_round and rec.path is None
+                pending = (r == f.last_round and rec.path is None) or rec.path_damaged
                 keys.setdefault(rec.key(pending), []).append((f, rec, pending))
         # A path not known yet (a rank's latest round) is compared on its votes only.
         votes = {k[:2] for k in keys}
