@@ -10,7 +10,7 @@ import pytest
 from releases import SGLANG_VERSION
 from support import VOTE_GROUP, affected_only, expected_statuses, requires_sglang
 
-from sglang_dp_mtp_fix import fingerprint as fp
+from sglang_dp_mtp_fix import fingerprints as fp
 from sglang_dp_mtp_fix.config import Config, Mode
 from sglang_dp_mtp_fix.core import MARKER, Kind, PatchManager, Status, Target, TargetProblem, groups, plan
 from sglang_dp_mtp_fix.patches import PATCH_IDS, all_patches

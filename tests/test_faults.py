@@ -46,7 +46,7 @@ import pytest
 from releases import AFFECTED, FAULT_TWIN_RELEASE, SGLANG_VERSION, SUPERSEDED
 
 from sglang_dp_mtp_fix import cli
-from sglang_dp_mtp_fix import fingerprint as fp
+from sglang_dp_mtp_fix import fingerprints as fp
 from sglang_dp_mtp_fix.config import ARRIVAL_SEED_ENV, MODE_ENV, ArrivalSeed, Config
 from sglang_dp_mtp_fix.core import MARKER, Kind, Patch, Target, plan
 from sglang_dp_mtp_fix.patches import all_patches

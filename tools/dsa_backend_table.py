@@ -29,7 +29,7 @@ from gen_fingerprints import OUT as FINGERPRINTS  # noqa: E402
 from gen_fingerprints import wheel_for  # noqa: E402
 
 from sglang_dp_mtp_fix.core import AFFECTED_RELEASES, Kind  # noqa: E402
-from sglang_dp_mtp_fix.fingerprint import find_definition  # noqa: E402
+from sglang_dp_mtp_fix.fingerprints import find_definition  # noqa: E402
 from sglang_dp_mtp_fix.patches import all_patches  # noqa: E402
 
 DOC = ROOT / "docs" / "dsa-backends.md"

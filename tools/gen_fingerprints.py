@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from sglang_dp_mtp_fix.core import Kind  # noqa: E402
-from sglang_dp_mtp_fix.fingerprint import (  # noqa: E402
+from sglang_dp_mtp_fix.fingerprints import (  # noqa: E402
     definition_span,
     find_definition,
     fingerprint_node,

@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from sglang_dp_mtp_fix import fingerprint as fp
+from sglang_dp_mtp_fix import fingerprints as fp
 from sglang_dp_mtp_fix.config import Config
 from sglang_dp_mtp_fix.core.checks import describe
 from sglang_dp_mtp_fix.core.model import MARKER, ORIGINAL, UNCHANGED, Kind, Patch, Resolved, Target

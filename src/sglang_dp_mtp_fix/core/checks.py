@@ -12,7 +12,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from sglang_dp_mtp_fix import fingerprint as fp
+from sglang_dp_mtp_fix import fingerprints as fp
 from sglang_dp_mtp_fix.core.model import (
     MARKER,
     ORIGINAL,
