@@ -96,3 +96,24 @@ def test_eager_draft_steps_by_reason_in_the_summary_and_for_the_exporter(caplog)
         "sglang-dp-mtp-fix eager draft steps by reason (last 4 decode batches): seedless here=1, group vote=1, "
         "runner refused=1, graphs off=1"
     ) in caplog.text
+
+
+def test_the_runners_own_refusals_are_counted_and_the_votes_no_is_not():
+    """The counters stack under the vote's gate (issue 54, item 2): SGLang's refusal is counted, the vote's is not."""
+    from types import SimpleNamespace
+
+    from sglang_dp_mtp_fix.patches import draft_graph_vote as vote
+
+    counters = stats.VoteStats(every=None)
+    answers = iter([False, True])
+
+    def sglangs_gate(runner: object, forward_batch: object) -> bool:  # STAND-IN: its yes needs a captured draft graph
+        return next(answers)
+
+    gate = vote._runner_gate_wrapper(stats.counting_refusals(counters, sglangs_gate))
+    runner = SimpleNamespace(require_mlp_sync=True)
+    assert gate(runner, SimpleNamespace(**{vote.VOTE_ATTR: True})) is False  # the runner's own no: counted
+    assert counters.total.eager_runner_refused == 1
+    assert gate(runner, SimpleNamespace(**{vote.VOTE_ATTR: False})) is False  # the group's no: not counted
+    assert counters.total.eager_runner_refused == 1
+    assert stats.counting_refusals(None, sglangs_gate) is sglangs_gate  # nothing counts: nothing stacked

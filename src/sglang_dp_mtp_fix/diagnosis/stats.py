@@ -1,14 +1,18 @@
 """Vote counters: every N decode batches a rank logs one line (``SGLANG_DP_MTP_FIX_STATS=<N>``), and/or each
 decode batch is exported to SGLang's Prometheus endpoint (``metrics``, when SGLang runs with ``--enable-metrics``).
 
-Decided at load: with neither the vote wrappers are built without any counting code (zero cost).
+Decided at load: with neither, ``counting_update`` and ``counting_refusals`` hand the vote's wrappers back unchanged
+(no counting code at all); with either, they stack a counting wrapper on them, as the recorder does.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
 logger = logging.getLogger("sglang_dp_mtp_fix.stats")
 
@@ -129,3 +133,45 @@ def deactivate() -> None:
     """Drop the counters (the plugin's ``restore``): a later scheduler or apply never sees a previous run's."""
     global _active
     _active = None
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def counting_update(
+    counters: VoteStats | None,
+    update_batch: _F,
+    vote_attr: str,
+    generic_field: str,
+    local_vote: ContextVar[bool | None],
+) -> _F:
+    """The vote's ``_update_gather_batch`` (which sets the group's draft vote on the batch as ``vote_attr``) with each
+    decode batch's votes counted after it; unchanged without ``counters``."""
+    if counters is None:
+        return update_batch
+
+    @functools.wraps(update_batch)
+    def _update_gather_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
+        result = update_batch(batch, *args, **kwargs)
+        if batch.forward_mode.is_decode_or_idle():
+            group_draft = bool(getattr(batch, vote_attr, True))
+            counters.record(bool(getattr(batch, generic_field, False)), group_draft, local_vote.get() is not False)
+        return result
+
+    return _update_gather_batch  # type: ignore[return-value]
+
+
+def counting_refusals(counters: VoteStats | None, runner_gate: _F) -> _F:
+    """SGLang's own ``can_run_graph`` with its refusals counted (e.g. a batch above the captured sizes); the vote
+    wraps this one, so the vote's no is never counted as the runner's. Unchanged without ``counters``."""
+    if counters is None:
+        return runner_gate
+
+    @functools.wraps(runner_gate)
+    def can_run_graph(self: Any, forward_batch: Any) -> Any:
+        ok = runner_gate(self, forward_batch)
+        if not ok:
+            counters.runner_refused()
+        return ok
+
+    return can_run_graph  # type: ignore[return-value]

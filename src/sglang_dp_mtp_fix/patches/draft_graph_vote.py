@@ -164,10 +164,13 @@ class DraftGraphVote(Patch):
 
         # Flight recorder (SGLANG_DP_MTP_FIX_RECORDER_DIR, ``recorder``): decided at load like the counters; unset, the
         # three wrappers stay as built and nothing records.
+        # Stacked: SGLang's gate, its refusals counted, the vote's gate, the recorder; SGLang's update, the vote's,
+        # its votes counted, the recorder.
+        update_batch = _update_batch_wrapper(resolved[UPDATE_BATCH].raw, gathered_field)
         local_row, update_batch, runner_gate = recorder.instrument(
             _local_row_wrapper(resolved[LOCAL_ROW].raw, decode_field),
-            _update_batch_wrapper(resolved[UPDATE_BATCH].raw, gathered_field, generic_field, counters),
-            _runner_gate_wrapper(resolved[RUNNER_GATE].raw, counters),
+            stats.counting_update(counters, update_batch, VOTE_ATTR, generic_field, _local_vote),
+            _runner_gate_wrapper(stats.counting_refusals(counters, resolved[RUNNER_GATE].raw)),
             decode_field,
             generic_field,
             _local_vote,
@@ -244,8 +247,8 @@ def _fallback_row_wrapper(fallback_row: Any) -> Any:
     return _get_fallback_tensor
 
 
-def _update_batch_wrapper(update_batch: Any, gathered_field: str, generic_field: str, counters: Any) -> Any:
-    """Decodes the gathered column into ``batch.can_run_dp_draft_cuda_graph`` (and counts it, when ``counters``)."""
+def _update_batch_wrapper(update_batch: Any, gathered_field: str) -> Any:
+    """Decodes the gathered column into ``batch.can_run_dp_draft_cuda_graph``."""
 
     def round_vote(info: Any) -> bool:
         """The group's draft vote from the rows SGLang gathered; the local vote when it gathered none."""
@@ -255,50 +258,24 @@ def _update_batch_wrapper(update_batch: Any, gathered_field: str, generic_field:
         # <=0.5.17 keeps the gathered rows on the device: one small D2H here, none on 0.5.18+.
         return decode_group_vote([row[DECODE_COLUMN] for row in gathered.tolist()])
 
-    if counters is None:
-
-        @functools.wraps(update_batch)
-        def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
-            result = update_batch(batch, mlp_sync_info, *args, **kwargs)
-            setattr(batch, VOTE_ATTR, round_vote(mlp_sync_info))
-            return result
-
-    else:
-
-        @functools.wraps(update_batch)
-        def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
-            result = update_batch(batch, mlp_sync_info, *args, **kwargs)
-            vote = round_vote(mlp_sync_info)
-            setattr(batch, VOTE_ATTR, vote)
-            if batch.forward_mode.is_decode_or_idle():
-                counters.record(bool(getattr(batch, generic_field, False)), vote, _local_vote.get() is not False)
-            return result
+    @functools.wraps(update_batch)
+    def _update_gather_batch(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> Any:
+        result = update_batch(batch, mlp_sync_info, *args, **kwargs)
+        setattr(batch, VOTE_ATTR, round_vote(mlp_sync_info))
+        return result
 
     return _update_gather_batch
 
 
-def _runner_gate_wrapper(runner_gate: Any, counters: Any) -> Any:
-    """Refuses the draft graph when the runner needs MLP sync and the group voted no (counting the runner's own
-    refusals, when ``counters``)."""
-    if counters is None:
+def _runner_gate_wrapper(runner_gate: Any) -> Any:
+    """Refuses the draft graph when the runner needs MLP sync and the group voted no."""
 
-        @functools.wraps(runner_gate)
-        def can_run_graph(self: Any, forward_batch: Any) -> Any:
-            ok = runner_gate(self, forward_batch)
-            # Common case first (vote yes): one attribute read; objects that never synced keep graphs.
-            if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
-                return False
-            return ok
-
-    else:
-
-        @functools.wraps(runner_gate)
-        def can_run_graph(self: Any, forward_batch: Any) -> Any:
-            ok = runner_gate(self, forward_batch)
-            if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
-                return False
-            if not ok:
-                counters.runner_refused()  # the runner's own no (e.g. above the captured sizes), not the vote's
-            return ok
+    @functools.wraps(runner_gate)
+    def can_run_graph(self: Any, forward_batch: Any) -> Any:
+        ok = runner_gate(self, forward_batch)
+        # Common case first (vote yes): one attribute read; objects that never synced keep graphs.
+        if ok and not getattr(forward_batch, VOTE_ATTR, True) and self.require_mlp_sync:
+            return False
+        return ok
 
     return can_run_graph
