@@ -109,7 +109,7 @@ def child(args: list[str], **kwargs: object) -> subprocess.Popen:
 def test_ctrl_c_and_a_closed_pipe_end_quietly_with_the_shells_codes(tmp_path):
     """Before: a KeyboardInterrupt traceback (Ctrl-C), and a BrokenPipeError traceback with exit 1 (``| head``), which
     means something else in both commands."""
-    from test_recorder import GRAPH, write_rank
+    from diagnosis.test_recorder import GRAPH, write_rank
 
     for rank in range(2):
         write_rank(tmp_path, rank, 2, [GRAPH] * 3)
@@ -175,7 +175,7 @@ def test_a_trace_is_checked_whole_before_any_rank_starts(tmp_path, capsys, monke
 def test_an_output_that_cannot_be_written_is_one_line_and_exit_74(tmp_path):
     """Before: ``--version``/``--help`` into /dev/full exit 0 with nothing written; ``rollcall > /dev/full`` a traceback
     and exit 1, which means "a divergence"."""
-    from test_recorder import GRAPH, write_rank
+    from diagnosis.test_recorder import GRAPH, write_rank
 
     for rank in range(2):
         write_rank(tmp_path, rank, 2, [GRAPH] * 3)
@@ -192,7 +192,7 @@ def test_an_output_that_cannot_be_written_is_one_line_and_exit_74(tmp_path):
 @release_free
 def test_a_closed_stdout_and_an_ascii_terminal_answer_without_a_traceback(tmp_path):
     """Before: ``>&-`` gave AttributeError on flush; an ASCII stdout UnicodeEncodeError on a non-ASCII path."""
-    from test_recorder import GRAPH, write_rank
+    from diagnosis.test_recorder import GRAPH, write_rank
 
     where = tmp_path / "réc\u202e"
     where.mkdir()

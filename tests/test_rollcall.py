@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from diagnosis.test_recorder import EAGER, GRAPH, files, write_rank
 from support import release_free
-from test_recorder import EAGER, GRAPH, files, write_rank
 
 from sglang_dp_mtp_fix import cli, rollcall
 from sglang_dp_mtp_fix.diagnosis import reader, recfile, recorder, verdicts

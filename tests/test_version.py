@@ -117,7 +117,7 @@ def test_the_installed_version_is_this_checkouts_build_everywhere_it_is_shown(ca
     from sglang_dp_mtp_fix.config import Config
 
     assert f"sglang-dp-mtp-fix {__version__} on SGLang" in report.summary_line([], Config())
-    from test_recorder import GRAPH, files, write_rank
+    from diagnosis.test_recorder import GRAPH, files, write_rank
 
     from sglang_dp_mtp_fix.diagnosis import reader
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from support import affected_only
-from test_stats import SCRIPT, SEEDED
 
+from diagnosis.test_stats import SCRIPT, SEEDED
 from sglang_dp_mtp_fix import __version__
 from sglang_dp_mtp_fix.diagnosis import metrics
 
