@@ -14,7 +14,7 @@ import pytest
 from diagnosis.test_recorder import EAGER, GRAPH, files, write_rank
 from support import release_free
 
-from sglang_dp_mtp_fix import cli, rollcall
+from sglang_dp_mtp_fix import __version__, cli, rollcall
 from sglang_dp_mtp_fix.diagnosis import reader, recfile, recorder, verdicts
 from sglang_dp_mtp_fix.errors import RecorderFileError
 
@@ -507,3 +507,26 @@ def test_a_flipped_bit_is_a_damaged_record_never_a_divergence(tmp_path, capsys, 
     (named,) = data["ranks"][0]["implausible"]
     assert named["field"] == "record_check" and named["value"] == 7, named
     assert data["ranks"][1]["implausible"] == [], data["ranks"][1]
+
+
+@release_free
+def test_a_file_of_another_format_names_the_plugin_version_that_reads_it(tmp_path, capsys):
+    """Before: "use the plugin version that wrote it", on a bad night with nothing to say which one that was."""
+    write_rank(tmp_path, 0, 1, [GRAPH] * 3)
+    (path,) = files(tmp_path)
+    patch(path, 8, "<I", recfile.FORMAT_VERSION - 1)  # the header's format version, as an older plugin wrote it
+    code, out = run_rollcall(capsys, str(tmp_path), "--json")
+    (refused,) = json.loads(out)["refused"]
+    assert code == 2 and f"read it with plugin {__version__}'s rollcall" in refused["reason"], refused
+
+
+@release_free
+def test_a_refused_file_named_twice_is_refused_once(tmp_path, capsys):
+    """Before: the directory given twice (a shell glob, a copy-paste) listed every refused file twice."""
+    write_rank(tmp_path, 0, 1, [GRAPH] * 3)
+    (path,) = files(tmp_path)
+    patch(path, 8, "<I", recfile.FORMAT_VERSION - 1)
+    code, out = run_rollcall(capsys, str(tmp_path), str(tmp_path), "--json")
+    data = json.loads(out)
+    assert [r["file"] for r in data["refused"]] == [str(path)] and code == 2, data["refused"]
+    assert data["notes"] == [f"{path}: the same file as {path} (read once)"], data["notes"]

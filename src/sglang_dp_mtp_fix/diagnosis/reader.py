@@ -197,9 +197,13 @@ def _header(path: str, first: bytes, second: bytes, st: os.stat_result, sizes: t
             raise RecorderFileError("header incomplete (the process stopped while it created the file)")
         raise RecorderFileError(f"not a flight-recorder file (starts with {magic!r}, expected {MAGIC!r})")
     if version != FORMAT_VERSION or header_size != HEADER_SIZE or record_size != RECORD.size:
+        # Formats 1-3 share the header's first fields: the writer's plugin version is named where the size agrees
+        writer = "the plugin version that wrote it"
+        if header_size == HEADER_SIZE:
+            writer = f"plugin {_text(h[13])}'s rollcall"
         raise RecorderFileError(
             f"format {version} (header {header_size} B, records {record_size} B): this rollcall reads format "
-            f"{FORMAT_VERSION} ({HEADER_SIZE} B, {RECORD.size} B); use the plugin version that wrote it"
+            f"{FORMAT_VERSION} ({HEADER_SIZE} B, {RECORD.size} B); read it with {writer}"
         )
     if not 1 <= capacity <= MAX_CAPACITY:
         raise RecorderFileError(f"corrupt header: capacity {capacity}")
@@ -358,8 +362,14 @@ def read_all(targets: Sequence[str]) -> tuple[list[RankFile], list[dict[str, str
     notes: list[str] = []
     files: list[RankFile] = []
     seen: dict[tuple[int, int], str] = {}
+    visited: dict[str, str] = {}  # by real path: a refused file named twice is refused once
     for target in targets:
         for path in files_in(target, refused, notes):
+            real = os.path.realpath(path)
+            if real in visited:
+                notes.append(f"{path}: the same file as {visited[real]} (read once)")
+                continue
+            visited[real] = path
             try:
                 f = read_file(path)
             except RecorderFileError as exc:
