@@ -365,13 +365,19 @@ def test_a_stale_file_of_a_reused_pid_neither_turns_the_recorder_off_nor_is_read
     assert code == 0 and data["ranks"][0]["file"] == new.path and data["superseded"] == [old.path], data
 
 
-def test_a_forked_child_never_writes_into_the_parents_ring(tmp_path):
-    rec = recorder.Recorder(str(tmp_path), 16)
+def one_rank_recording(directory: Path, rounds: int) -> recorder.Recorder:
+    """A 16-record recorder of a 1-rank group, its file open, ``rounds`` rounds recorded (no draft path)."""
+    rec = recorder.Recorder(str(directory), 16)
     rec.open(None, ranks=(0, 1, 0, 1, 0))
+    for _ in range(rounds):
+        rec.enter()
+        rec.sync(2, 2, ALL_YES)
+    return rec
+
+
+def test_a_forked_child_never_writes_into_the_parents_ring(tmp_path):
+    rec = one_rank_recording(tmp_path, 3)
     try:
-        for _ in range(3):
-            rec.enter()
-            rec.sync(2, 2, ALL_YES)
         assert rec.path is not None
         before = Path(rec.path).read_bytes()
         pid = os.fork()
@@ -454,12 +460,8 @@ def test_a_file_that_cannot_be_made_again_is_one_warning_not_one_a_second(tmp_pa
 def test_a_file_made_again_reads_true_before_its_next_heartbeat(tmp_path):
     """Issue 54, finding 9: the file made again got a new start, later than the heartbeat it carries over, so for
     about a second a healthy rank's file read "heartbeat before the file was opened" (a field that cannot be true)."""
-    rec = recorder.Recorder(str(tmp_path), 16)
-    rec.open(None, ranks=(0, 1, 0, 1, 0))
+    rec = one_rank_recording(tmp_path, 5)
     try:
-        for _ in range(5):
-            rec.enter()
-            rec.sync(2, 2, ALL_YES)
         rec.heartbeat(1)
         first = reader.read_file(rec.path or "")
         os.unlink(rec.path or "")
