@@ -35,7 +35,7 @@ PATCHED_LAUNCH = tuple(r for r in AFFECTED if r in LAUNCHES_HERE)
 # the vote path's code (0.5.16 and 0.5.18 share 0.5.17's, 0.5.19 0.5.20's); e and the plugin-off half of metrics read
 # c's plugin-off launch.
 PROBE = ("0.5.17", "0.5.20")
-# b (no harm, three launches without PD) and d (two nodes, three pairs): one release each; test_peers.py runs d's
+# b (no harm, two launches without PD) and d (two nodes, two pairs): one release each; test_peers.py runs d's
 # comparisons (a rank off, another skip list, ranks alike) in-process on every affected release.
 NO_HARM = ("0.5.20",)
 TWO_NODES = ("0.5.17",)

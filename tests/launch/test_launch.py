@@ -103,12 +103,13 @@ def written_out(directory: str, timeout: float = 30) -> None:
 
 @pytest.fixture(scope="module")
 def no_harm(gaps_path, launch_tmp, launch_timings):
-    """b's three arms, same requests, one at a time (tokens must not depend on how requests share batches)."""
+    """b's two arms, same requests, one at a time (tokens must not depend on how requests share batches). No "off"
+    arm: SGLANG_DP_MTP_FIX=off leaves SGLang stock by identity (e, on c's plugin-off launch), so its tokens are the
+    not-selected arm's."""
     if SGLANG_VERSION not in NO_HARM:
         pytest.skip(f"b {runs_on(NO_HARM)}")
     arms = {
         "patched": base_env(gaps_path),
-        "off": base_env(gaps_path, SGLANG_DP_MTP_FIX="off"),
         "not selected": base_env(gaps_path, SGLANG_PLUGINS="launch_cpu_gaps"),
     }
     return {arm: serve(f"b-{arm.replace(' ', '-')}", launch_tmp, env, launch_timings, pd=False)
@@ -313,7 +314,7 @@ def test_transport_line_once_in_every_schedulers_log(patched):
 
 
 @no_harm_only
-def test_b_token_identical_with_plugin_off_and_not_selected(no_harm):
+def test_b_token_identical_with_the_plugin_not_selected(no_harm):
     ids = {arm: [o["output_ids"] for o in launch.sequential] for arm, launch in no_harm.items()}
     assert len({str(v) for v in ids.values()}) == 1, ids
     assert len({str(o) for o in ids["patched"]}) > 1  # distinct prompts give distinct completions: a real comparison
@@ -322,13 +323,12 @@ def test_b_token_identical_with_plugin_off_and_not_selected(no_harm):
     for launch in no_harm.values():
         assert_served(launch)
     assert "draft_graph_vote=applied" in no_harm["patched"].log  # the arms are what they say
-    assert "(mode=off): SGLANG_DP_MTP_FIX=off here" in no_harm["off"].log
 
 
 @no_harm_only
 def test_b_not_selected_means_not_loaded(no_harm):
-    # The matcher is live: it finds the plugin in the two arms that load it, so its silence below means something.
-    assert all(PLUGIN_OUTPUT.search(no_harm[arm].log) for arm in ("patched", "off"))
+    # The matcher is live: it finds the plugin in the arm that loads it, so its silence below means something.
+    assert PLUGIN_OUTPUT.search(no_harm["patched"].log)
     not_selected = no_harm["not selected"]
     found = PLUGIN_OUTPUT.findall(not_selected.log)
     assert not found and not not_selected.report_files(), found
