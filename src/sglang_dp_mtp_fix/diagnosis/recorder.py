@@ -411,9 +411,7 @@ def instrument(
         w = rec.word + RECORD_WORDS
         if w >= end_word:
             w = HEADER_WORDS
-        u64 = rec.u64
-        rec.word = w
-        t = monotonic_ns()
+        u64, rec.word, t = rec.u64, w, monotonic_ns()
         word = mlp_sync_info.num_tokens & U32 | batch.forward_mode << MODE_SHIFT | flags << FLAGS_SHIFT
         u64[w] = r
         u64[w + 1] = t
