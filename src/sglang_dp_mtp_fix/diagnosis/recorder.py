@@ -286,7 +286,7 @@ class Recorder:
         u64[w] = r
         u64[w + 1] = t
         u64[w + 2] = word
-        u64[w + 3] = r | (t ^ word).bit_count() << CHECK_SHIFT  # recfile.sync_check
+        u64[w + 3] = r | recfile.sync_check(t, word)
 
     def draft_path(self, path: int, bucket: int) -> None:
         """The draft path of the round in progress (into its record, when it has one)."""
