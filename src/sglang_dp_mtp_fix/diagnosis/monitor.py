@@ -191,7 +191,7 @@ def peer_heartbeats(
     now_wall = time.time() if now_wall is None else now_wall
     deadline = clock() + PEER_SCAN_BUDGET_S
     paths = _newest_first(reader.files_in(rec.directory))
-    newest: dict[int, reader.RankFile] = {}
+    newest: dict[int, tuple[tuple[Any, ...], reader.RankFile]] = {}  # each peer's liveliest file, with its key
     unread = 0
     for n, path in enumerate(paths):
         if clock() > deadline:
@@ -203,12 +203,12 @@ def peer_heartbeats(
             continue
         if f.tp_rank == rec.tp_rank:  # this rank's own files (its live one, an earlier launch's) are never a peer
             continue
-        # the peer's latest heartbeat (a file made again keeps its run's start: the start alone ties)
-        if f.tp_rank in newest and _latest(newest[f.tp_rank]) > _latest(f):
+        key = reader.liveliest(f)  # rollcall's rule: a file made again keeps its run's start, so the start ties
+        if f.tp_rank in newest and newest[f.tp_rank][0] > key:
             continue
-        newest[f.tp_rank] = f
+        newest[f.tp_rank] = key, f
     stale, live = [], []
-    for f in sorted(newest.values(), key=lambda f: f.tp_rank):
+    for _, f in sorted(newest.values(), key=lambda kf: kf[1].tp_rank):
         age = now_wall - f.heartbeat_wall if f.heartbeat_wall else None
         name = f"dp{f.dp_rank}" if f.dp_size == f.tp_size else f"tp{f.tp_rank}"
         if age is None or age > recfile.HEARTBEAT_STALE_S:
@@ -227,10 +227,6 @@ def _newest_first(paths: list[str]) -> list[str]:
             return 0
 
     return sorted(paths, key=modified, reverse=True)
-
-
-def _latest(f: reader.RankFile) -> tuple[float, float]:
-    return f.heartbeat_wall, f.start_unix
 
 
 _monitor: Monitor | None = None

@@ -135,6 +135,18 @@ def process_state(f: RankFile) -> str:
     return "stopped" if state in ("T", "t") else "running"
 
 
+# How alive a file's writer is (``process_state``): running or stopped (a debugger) above unknown (another host or
+# boot) above dead
+ALIVE = {"running": 2, "stopped": 2, "unknown": 1, "dead": 0}
+
+
+def liveliest(f: RankFile) -> tuple[Any, ...]:
+    """How a file ranks among its rank's files (a restarted server, a copy or a move leaves others): the process
+    that runs (or is stopped) first, then the newer heartbeat, the further progress, the later start, the name.
+    ``rollcall`` and the stall line's peer scan pick a rank's file by it."""
+    return ALIVE[process_state(f)], f.heartbeat_wall, f.entered, f.start_unix, f.path
+
+
 def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sglang_dp_mtp_fix.diagnosis.reader import RankFile, Record, process_state, read_all, watch
+from sglang_dp_mtp_fix.diagnosis.reader import ALIVE, RankFile, Record, liveliest, process_state, read_all, watch
 from sglang_dp_mtp_fix.diagnosis.recfile import HEARTBEAT_STALE_S
 
 SETTLE_S = 1.5  # rollcall watches the entered rounds this long (more than a heartbeat) before judging a stall
@@ -51,28 +51,19 @@ def decide(targets: Sequence[str], settle_s: float = SETTLE_S) -> tuple[dict[str
     return data, code, findings
 
 
-_ALIVE = {"running": 2, "stopped": 2, "unknown": 1, "dead": 0}
-
-
-def _liveliest(f: RankFile) -> tuple[Any, ...]:
-    """How a file ranks among its rank's files (a restarted server, a copy or a move leaves others): the process
-    that runs (or is stopped) first, then the newer heartbeat, the further progress, the later start, the name."""
-    return _ALIVE[process_state(f)], f.heartbeat_wall, f.entered, f.start_unix, f.path
-
-
 def _one_file_per_rank(files: Sequence[RankFile], data: dict[str, Any]) -> dict[int, RankFile] | None:
     """Each rank's liveliest file, of the deployment (dp size, tp size) whose file is liveliest; the others are
     ``superseded``. None when two deployments' processes both run: files of two groups."""
-    best = max(files, key=_liveliest)
+    best = max(files, key=liveliest)
     shape = (best.dp_size, best.tp_size)
     others = [f for f in files if (f.dp_size, f.tp_size) != shape]
-    if others and _ALIVE[process_state(best)] == 2 and any(_ALIVE[process_state(f)] == 2 for f in others):
+    if others and ALIVE[process_state(best)] == 2 and any(ALIVE[process_state(f)] == 2 for f in others):
         return None
     if others:
         data["notes"].append(f"{len(others)} file(s) of another deployment (dp size, tp size not {shape}) ignored: "
                              "the newest files are this one's")  # fmt: skip
     newest: dict[int, RankFile] = {}
-    for f in sorted((f for f in files if (f.dp_size, f.tp_size) == shape), key=_liveliest):
+    for f in sorted((f for f in files if (f.dp_size, f.tp_size) == shape), key=liveliest):
         if f.tp_rank in newest:
             data["superseded"].append(newest[f.tp_rank].path)
         newest[f.tp_rank] = f
